@@ -1,0 +1,210 @@
+"""RMS norm over channels (+ optional SiLU) on channels-last tensors: Wan VAE's ``RMS_norm``.
+
+Math (ComfyUI ``comfy.ldm.wan.vae.RMS_norm``, diffusers ``WanRMS_norm``), C = ``x.shape[1]``:
+
+    y = x / max(||x||_2 over C, eps) * sqrt(C) * gamma + bias ;  out = silu(y) when ``silu``
+
+The stock module computes this in several passes in ``x.dtype``; here it is one pass, fp32
+throughout, rounded once to ``x.dtype``. Each program owns a [BLOCK_P, BLOCK_C] tile: BLOCK_P
+whole pixels, all their channels. C is the innermost, contiguous dimension (channels-last), so
+the reduction stays inside the tile and loads are coalesced; many pixels per program keep the
+launch small (one program per pixel costs far more than the arithmetic).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .backend import tl, triton, triton_unavailable_reason
+
+# One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
+MAX_CHANNELS = 8192
+# CUDA limits grid dimension 1 (the batch axis here) to 65535.
+MAX_BATCH = 65535
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def rms_norm_silu_reference(x, gamma, bias, eps=1e-12, silu=True):
+    """Stock math with fp32 accumulation; the fallback and the test oracle.
+
+    ``gamma``/``bias`` may be flat (C,) or the stock (C, 1, ...) parameters; ``bias`` may also be
+    None or a python number. Returns ``x.dtype``.
+    """
+    channels = x.shape[1]
+    shape = (channels,) + (1,) * (x.dim() - 2)
+    xf = x.float()
+    g = gamma.to(device=x.device, dtype=torch.float32).reshape(shape)
+    norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(eps)
+    y = xf / norm * (channels**0.5) * g
+    if isinstance(bias, torch.Tensor):
+        b = bias.to(device=x.device, dtype=torch.float32)
+        y = y + (b.reshape(shape) if b.numel() == channels else b)
+    elif bias is not None and bias != 0:
+        y = y + float(bias)
+    if silu:
+        y = F.silu(y)
+    return y.to(x.dtype)
+
+
+def _pixels_dense(x: torch.Tensor) -> bool:
+    """True when, within each sample, pixels are rows of C contiguous channels.
+
+    That is channels-last(-3d) up to the batch stride, which may be anything (a time slice of a
+    channels-last-3d batch keeps dense samples but not a dense batch). Size-1 dims carry no
+    layout, so their strides are ignored.
+    """
+    expected = 1
+    for dim in [1] + list(range(x.dim() - 1, 1, -1)):
+        if x.shape[dim] != 1 and x.stride(dim) != expected:
+            return False
+        expected *= x.shape[dim]
+    return True
+
+
+def _param_reason(name: str, t, x: torch.Tensor, channels: int) -> str | None:
+    if not isinstance(t, torch.Tensor):
+        return f"{name} is {type(t).__name__}, not a tensor"
+    if t.numel() != channels:
+        return f"{name} has {t.numel()} elements for {channels} channels"
+    if t.dtype not in _DTYPES:
+        return f"{name} dtype {t.dtype}"
+    if t.device != x.device:  # e.g. ComfyUI low-VRAM offload: the stock path moves it per call
+        return f"{name} on {t.device}, input on {x.device}"
+    return None
+
+
+def rms_norm_silu_unsupported(x, gamma, bias) -> str | None:
+    """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason."""
+    reason = triton_unavailable_reason(x)
+    if reason is not None:
+        return reason
+    if x.dim() not in (4, 5):
+        return f"{x.dim()}-D input (needs 4-D or 5-D)"
+    if x.dtype not in _DTYPES:
+        return f"input dtype {x.dtype}"
+    channels = x.shape[1]
+    if channels > MAX_CHANNELS:
+        return f"{channels} channels (at most {MAX_CHANNELS})"
+    if x.shape[0] > MAX_BATCH:
+        return f"batch {x.shape[0]} (at most {MAX_BATCH})"
+    if not _pixels_dense(x):
+        return "input not channels-last (channels not the innermost contiguous dim)"
+    reason = _param_reason("gamma", gamma, x, channels)
+    if reason is not None:
+        return reason
+    if isinstance(bias, torch.Tensor):
+        reason = _param_reason("bias", bias, x, channels)
+        if reason is not None:
+            return reason
+    elif bias is not None and not isinstance(bias, (int, float)):
+        return f"bias is {type(bias).__name__}"
+    if torch.is_grad_enabled() and any(
+        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, gamma, bias)
+    ):
+        return "autograd (the kernel has no backward)"
+    return None
+
+
+def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, int]:
+    """(BLOCK_P, BLOCK_C, num_warps) for a launch; the one place to tune.
+
+    About 8K elements per tile: enough bytes in flight per program to hide memory latency, few
+    enough fp32 registers per thread (8192 / 256 threads = 32) not to spill. Masked channel lanes
+    (C=96 in a 128-wide tile) cost registers, not memory traffic.
+    """
+    del element_size  # the tile is sized in fp32 registers, whatever the storage dtype
+    block_c = triton.next_power_of_2(channels) if triton is not None else channels
+    block_p = max(1, min(256, 8192 // block_c))
+    num_warps = 8 if block_p * block_c >= 8192 else 4
+    return block_p, block_c, num_warps
+
+
+if triton is not None:
+
+    @triton.jit
+    def _rms_norm_silu_kernel(
+        x_ptr,
+        gamma_ptr,
+        bias_ptr,
+        out_ptr,
+        pixels,  # per sample
+        channels,
+        x_stride_n,
+        out_stride_n,
+        scale,
+        eps,
+        bias_scalar,
+        HAS_BIAS: tl.constexpr,
+        SILU: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+    ):
+        # int64 throughout: a Wan decode tensor has >2**31 elements at larger sizes.
+        n = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+        cols = tl.arange(0, BLOCK_C)
+        col_mask = cols < channels
+        mask = (rows < pixels)[:, None] & col_mask[None, :]
+        offs = rows[:, None] * channels + cols[None, :]
+
+        x = tl.load(x_ptr + n * x_stride_n + offs, mask=mask, other=0.0).to(tl.float32)
+        # Masked lanes load 0, so they do not change the sum of squares.
+        norm = tl.sqrt(tl.sum(x * x, axis=1))
+        factor = scale / tl.maximum(norm, eps)
+        g = tl.load(gamma_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        y = x * factor[:, None] * g[None, :]
+        if HAS_BIAS:
+            b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+            y = y + b[None, :]
+        else:
+            y = y + bias_scalar
+        if SILU:
+            y = y * tl.sigmoid(y)
+        tl.store(out_ptr + n * out_stride_n + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+
+
+def rms_norm_silu(x, gamma, bias, eps=1e-12, silu=True) -> torch.Tensor | None:
+    """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor.
+
+    Returns None when :func:`rms_norm_silu_unsupported` gives a reason (the caller then takes the
+    stock path); otherwise a new tensor of ``x.dtype`` in ``x``'s channels-last memory format.
+    """
+    if rms_norm_silu_unsupported(x, gamma, bias) is not None:
+        return None
+    fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    if x.numel() == 0:
+        return out
+    batch, channels = x.shape[0], x.shape[1]
+    pixels = x.numel() // (batch * channels)
+    gamma_flat = _flat(gamma)
+    has_bias = isinstance(bias, torch.Tensor)
+    bias_flat = _flat(bias) if has_bias else gamma_flat  # unread when HAS_BIAS is False
+    bias_scalar = 0.0 if has_bias or bias is None else float(bias)
+    block_p, block_c, num_warps = rms_norm_silu_config(channels, x.element_size())
+    grid = (triton.cdiv(pixels, block_p), batch)
+    args = (
+        x,
+        gamma_flat,
+        bias_flat,
+        out,
+        pixels,
+        channels,
+        x.stride(0) if batch > 1 else 0,
+        out.stride(0) if batch > 1 else 0,
+        float(channels) ** 0.5,
+        float(eps),
+        bias_scalar,
+    )
+    meta = {"HAS_BIAS": has_bias, "SILU": bool(silu), "BLOCK_P": block_p, "BLOCK_C": block_c}
+    if x.is_cuda:  # Triton launches on the current device; x may live on another GPU
+        with torch.cuda.device(x.device):
+            _rms_norm_silu_kernel[grid](*args, **meta, num_warps=num_warps)
+    else:
+        _rms_norm_silu_kernel[grid](*args, **meta, num_warps=num_warps)
+    return out

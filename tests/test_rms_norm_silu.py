@@ -1,0 +1,240 @@
+"""``kernels.rms_norm_silu``: the fused Triton kernel vs its reference, the reference vs the
+stock Wan ``RMS_norm`` formula, and the inputs the kernel must refuse.
+
+Tier 1 runs the kernel under ``TRITON_INTERPRET=1`` on small shapes; tier 3 (``cuda``) at the
+sizes of a Wan 2.1 480x832 decode.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+from fast_vae_decode.kernels.rms_norm_silu import (
+    rms_norm_silu,
+    rms_norm_silu_config,
+    rms_norm_silu_reference,
+    rms_norm_silu_unsupported,
+)
+
+# (shape, bias kind, silu)
+CASES = [
+    ((1, 32, 4, 8, 8), "none", True),  # the plain case: power-of-2 C, 256 pixels = exactly
+    # one full tile (BLOCK_P=256 at C=32), nothing masked
+    ((1, 96, 3, 5, 7), "none", True),  # Wan's C=96 (masked lanes in a 128 tile); 105 pixels
+    # over BLOCK_P=64: two tiles, the last one partial
+    ((2, 48, 1, 3, 5), "tensor", True),  # N=2 (batch stride); bias tensor (stock bias=True)
+    ((1, 24, 6, 5), "float", False),  # 4-D channels_last as the attention block norm (no SiLU);
+    # bias as the python 0. diffusers stores
+    ((2, 40, 3, 3), "tensor", True),  # 4-D with N=2 and a bias tensor
+    ((1, 3, 2, 2, 2), "none", True),  # tiny odd C (3 of a 4-wide tile), 8 pixels
+    ((1, 260, 1, 2, 3), "float-nonzero", True),  # C just above a power of 2 (512-wide tile,
+    # mostly masked); a nonzero python-number bias (the kernel's scalar-bias argument)
+]
+
+
+def _channels_last(x: torch.Tensor) -> torch.Tensor:
+    fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
+    return x.contiguous(memory_format=fmt)
+
+
+def _params(channels, ndim, bias_kind, gen, stock_shape=True):
+    """gamma/bias as the stock module holds them: (C,1,1,1) for 3-D norms, (C,1,1) for 2-D."""
+    shape = (channels,) + (1,) * (ndim - 2) if stock_shape else (channels,)
+    gamma = 1.0 + 0.5 * torch.randn(shape, generator=gen)
+    bias = {
+        "none": None,
+        "float": 0.0,
+        "float-nonzero": 0.25,
+        "tensor": 0.3 * torch.randn(shape, generator=gen),
+    }[bias_kind]
+    return gamma, bias
+
+
+def _stock(x, gamma, bias, silu):
+    """ComfyUI ``RMS_norm.forward`` (+ ``nn.SiLU``), written from its formula."""
+    y = F.normalize(x, dim=1) * x.shape[1] ** 0.5 * gamma + (0 if bias is None else bias)
+    return F.silu(y) if silu else y
+
+
+@pytest.mark.parametrize("shape,bias_kind,silu", CASES)
+def test_reference_matches_stock_formula_fp32(shape, bias_kind, silu):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen)
+    gamma, bias = _params(shape[1], len(shape), bias_kind, gen)
+    # fp32 in, same operations in the same order: only the norm's reduction order may differ.
+    torch.testing.assert_close(
+        rms_norm_silu_reference(x, gamma, bias, silu=silu),
+        _stock(x, gamma, bias, silu),
+        rtol=1e-6,
+        atol=1e-6,
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,bias_kind,silu", CASES)
+def test_kernel_matches_reference(shape, bias_kind, silu, dtype):
+    gen = torch.Generator().manual_seed(1)
+    x = _channels_last(torch.randn(shape, generator=gen).to(dtype))
+    gamma, bias = _params(shape[1], len(shape), bias_kind, gen)
+    assert rms_norm_silu_unsupported(x, gamma, bias) is None
+    out = rms_norm_silu(x, gamma, bias, silu=silu)
+    ref = rms_norm_silu_reference(x, gamma, bias, silu=silu)
+    assert out.dtype == dtype and out.shape == x.shape
+    assert out.is_contiguous(
+        memory_format=torch.channels_last_3d if x.dim() == 5 else torch.channels_last
+    )
+    if dtype == torch.float32:
+        # Both fp32; they differ in summation order and in x*(scale/norm) vs x/norm*scale:
+        # a few ulp of values of order 1.
+        torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    else:
+        # Both round an fp32 result to bf16 once, so they are at most one bf16 ulp apart (2**-7
+        # of the value's binade): fp32 noise can flip a rounding, and the Triton 3.8 interpreter
+        # truncates fp32->bf16 where the GPU rounds to nearest. atol for values near 0.
+        torch.testing.assert_close(out, ref, rtol=2**-7, atol=1e-5)
+
+
+def test_reference_matches_diffusers_module():
+    wan = pytest.importorskip("diffusers.models.autoencoders.autoencoder_kl_wan")
+    gen = torch.Generator().manual_seed(4)
+    norm = wan.WanRMS_norm(40, images=False, bias=True)
+    with torch.no_grad():
+        norm.gamma.copy_(1.0 + 0.5 * torch.randn(norm.gamma.shape, generator=gen))
+        norm.bias.copy_(0.3 * torch.randn(norm.bias.shape, generator=gen))
+        x = torch.randn(1, 40, 2, 3, 5, generator=gen)
+        # fp32: the module's own forward in the same operation order as the reference.
+        torch.testing.assert_close(
+            rms_norm_silu_reference(x, norm.gamma, norm.bias, silu=False),
+            norm(x),
+            rtol=1e-6,
+            atol=1e-6,
+        )
+
+
+def test_flat_params_and_sliced_batch():
+    gen = torch.Generator().manual_seed(2)
+    base = _channels_last(torch.randn(2, 16, 4, 3, 3, generator=gen))
+    # A time slice of a channels-last-3d batch: samples stay dense, the batch stride does not
+    # (what a Wan causal cache slice looks like); gamma/bias flat (C,) as diffusers may pass.
+    x = base[:, :, 1:3]
+    gamma, bias = _params(16, 5, "tensor", gen, stock_shape=False)
+    out = rms_norm_silu(x, gamma, bias)
+    torch.testing.assert_close(out, rms_norm_silu_reference(x, gamma, bias), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_zero_pixel_uses_eps_clamp(dtype):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 96, 1, 2, 3, generator=gen).to(dtype)
+    x[0, :, 0, 1, 2] = 0  # norm 0: the 1e-12 clamp must give 0, not NaN
+    x = _channels_last(x)
+    gamma, bias = _params(96, 5, "tensor", gen)
+    out = rms_norm_silu(x, gamma, bias)
+    assert torch.isfinite(out).all()
+    expected = F.silu(bias.reshape(96).to(dtype).float()).to(dtype)
+    # silu(0*gamma + bias): the kernel adds fp32 bias then rounds once; expected rounds bias to
+    # dtype first, so one ulp of dtype apart at most.
+    torch.testing.assert_close(out[0, :, 0, 1, 2], expected, rtol=2**-7, atol=1e-6)
+
+
+def test_empty_input():
+    x = _channels_last(torch.empty(1, 8, 0, 4, 4))
+    out = rms_norm_silu(x, torch.ones(8), None)
+    assert out.shape == x.shape
+
+
+def _x(shape=(1, 8, 2, 3, 3), dtype=torch.float32):
+    return _channels_last(torch.randn(shape).to(dtype))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(
+            lambda: (torch.randn(1, 8, 2, 3, 3), torch.ones(8), None), id="contiguous-ncthw"
+        ),
+        pytest.param(
+            lambda: (_channels_last(torch.randint(0, 5, (1, 8, 2, 3, 3))), torch.ones(8), None),
+            id="int-dtype",
+        ),
+        pytest.param(lambda: (torch.randn(1, 8, 5), torch.ones(8), None), id="3-d"),
+        pytest.param(lambda: (_x(dtype=torch.float64), torch.ones(8), None), id="float64"),
+        pytest.param(lambda: (_x(), torch.ones(7), None), id="gamma-numel"),
+        pytest.param(lambda: (_x(), torch.ones(8), torch.zeros(4)), id="bias-numel"),
+        pytest.param(lambda: (_x(), torch.ones(8, dtype=torch.int32), None), id="gamma-int"),
+        pytest.param(lambda: (_x(), torch.ones(8, requires_grad=True), None), id="autograd"),
+    ],
+)
+def test_unsupported_returns_none(make):
+    x, gamma, bias = make()
+    assert isinstance(rms_norm_silu_unsupported(x, gamma, bias), str)
+    assert rms_norm_silu(x, gamma, bias) is None
+
+
+def test_cpu_tensor_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    reason = rms_norm_silu_unsupported(_x(), torch.ones(8), None)
+    assert reason is not None and "cpu" in reason
+
+
+def test_config_covers_wan_channels():
+    for channels in (3, 96, 192, 384, 1024, 8192):
+        block_p, block_c, num_warps = rms_norm_silu_config(channels, 2)
+        assert block_c >= channels and block_c & (block_c - 1) == 0
+        assert block_p >= 1 and block_p & (block_p - 1) == 0
+        assert num_warps in (1, 2, 4, 8, 16)
+
+
+def test_imports_without_triton():
+    """The module must import, refuse and fall back when Triton is absent."""
+    repo = pathlib.Path(__file__).resolve().parents[1]
+    code = f"""
+import importlib.util, sys, torch
+sys.modules["triton"] = None  # makes `import triton` raise ImportError
+spec = importlib.util.spec_from_file_location(
+    "fast_vae_decode", {str(repo / "__init__.py")!r}, submodule_search_locations=[{str(repo)!r}])
+pkg = importlib.util.module_from_spec(spec); sys.modules["fast_vae_decode"] = pkg
+spec.loader.exec_module(pkg)
+from fast_vae_decode.kernels import rms_norm_silu as m
+x = torch.randn(1, 8, 2, 3, 3).contiguous(memory_format=torch.channels_last_3d)
+assert "Triton" in m.rms_norm_silu_unsupported(x, torch.ones(8), None)
+assert m.rms_norm_silu(x, torch.ones(8), None) is None
+assert m.rms_norm_silu_reference(x, torch.ones(8), None).shape == x.shape
+"""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
+
+
+# Tier 3: real sizes on a GPU.
+CUDA_CASES = [
+    ((1, 96, 4, 480, 832), torch.bfloat16),  # Wan 2.1 decoder, full resolution: 153M elements
+    ((1, 384, 1, 60, 104), torch.bfloat16),  # Wan 2.1 decoder, latent resolution
+    ((1, 1024, 1, 60, 104), torch.bfloat16),  # Wan 2.2 widest channels
+    ((1, 96, 4, 480, 832), torch.float32),  # fp32 decode precision
+    ((4, 384, 60, 104), torch.float16),  # 4-D attention-block norm, frames as batch, fp16
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dtype", CUDA_CASES)
+def test_cuda_real_sizes(shape, dtype):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(dtype))
+    channels, ndim = shape[1], len(shape)
+    gamma = (1.0 + 0.5 * torch.randn(channels, generator=gen, device="cuda")).reshape(
+        (channels,) + (1,) * (ndim - 2)
+    )
+    bias = 0.3 * torch.randn_like(gamma)
+    out = rms_norm_silu(x, gamma, bias)
+    assert out is not None
+    ref = rms_norm_silu_reference(x, gamma, bias)
+    # As in tier 1: one rounding of an fp32 result each, so at most one ulp of dtype apart
+    # (bf16 2**-7, fp16 2**-10 of the binade); fp32 differs only by reduction order.
+    rtol = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5)
