@@ -1,0 +1,60 @@
+"""The mixin every fused module shares: gate check, per-call fail-closed, broken-kernel guard.
+
+A fused module is a stock module whose class was swapped (see ``swap.py``) for
+``Mixin + StockClass``. Its ``forward`` runs ``fast_forward`` only while the model's gate is
+open and the module can take the input; otherwise it runs the stock ``forward`` unchanged.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from .log import log_once
+
+
+def weights_off_device(module: torch.nn.Module, device: torch.device) -> bool:
+    """True when a direct parameter of ``module`` is not on ``device``.
+
+    ComfyUI's low-VRAM modes leave weights on the CPU and cast/stream them inside the stock
+    ``forward``; the fast path reads weights directly, so it must step aside there.
+    """
+    return any(p.device != device for p in module.parameters(recurse=True))
+
+
+class FusedModule:
+    """Mixin; subclasses define ``fast_unsupported(*args)`` and ``fast_forward(*args)``."""
+
+    _fvd_gate = None  # set per instance at install; absent means "never fast"
+    _fvd_disabled: str | None = None
+
+    def fast_unsupported(self, *args, **kwargs) -> str | None:
+        return None
+
+    def fast_forward(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def forward(self, *args, **kwargs):
+        gate = self._fvd_gate
+        if gate is None or self._fvd_disabled is not None or not gate.allows_fast_path():
+            return super().forward(*args, **kwargs)
+        reason = self.fast_unsupported(*args, **kwargs)
+        if reason is not None:
+            gate.stats.fell_back(reason)
+            log_once(f"fallback:{type(self).__name__}:{reason}",
+                     f"{type(self).__name__}: stock path ({reason})")
+            return super().forward(*args, **kwargs)
+        try:
+            out = self.fast_forward(*args, **kwargs)
+        except torch.OutOfMemoryError:
+            raise  # ComfyUI's decode retries tiled on OOM; swallowing it would defeat that
+        except Exception as exc:  # a broken kernel must never lose the result
+            self._fvd_disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+            gate.stats.fell_back(f"kernel error in {type(self).__name__}")
+            log_once(f"broken:{id(self)}",
+                     f"{type(self).__name__}: fast path raised ({self._fvd_disabled}); "
+                     "disabled for this module for the session, using the stock path",
+                     logging.WARNING)
+            return super().forward(*args, **kwargs)
+        gate.stats.fused_calls += 1
+        return out

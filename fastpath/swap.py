@@ -1,0 +1,55 @@
+"""Install fused behaviour by swapping a module's class for a subclass of it.
+
+A swapped module keeps its own ``__dict__``: the same ``Parameter`` objects under the same
+names, the same buffers and children, so the state dict, ``load_state_dict``, ``.to()`` and
+``isinstance`` checks are all unchanged. The subclass's ``forward`` takes the fast path only
+while the model's gate is open and otherwise calls the stock ``forward`` (``super()``), which is
+what makes the closed gate bit-exact.
+"""
+from __future__ import annotations
+
+import threading
+
+import torch
+
+_SUBCLASSES: dict[tuple[type, type], type] = {}
+_LOCK = threading.Lock()
+
+
+def fused_class(mixin: type, base: type) -> type:
+    """The (cached) subclass ``mixin + base``; cached so every swapped module of a base shares it."""
+    key = (mixin, base)
+    with _LOCK:
+        cls = _SUBCLASSES.get(key)
+        if cls is None:
+            cls = type(
+                f"{mixin.__name__}[{base.__name__}]",
+                (mixin, base),
+                {"__module__": mixin.__module__, "_fvd_stock_class": base},
+            )
+            _SUBCLASSES[key] = cls
+        return cls
+
+
+def is_swapped(module: torch.nn.Module) -> bool:
+    return "_fvd_stock_class" in type(module).__dict__
+
+
+def swap_in(module: torch.nn.Module, mixin: type, **attrs) -> bool:
+    """Give ``module`` the fused behaviour of ``mixin``; False when it already has one."""
+    if is_swapped(module):
+        return False
+    module.__class__ = fused_class(mixin, type(module))
+    for name, value in attrs.items():
+        # Plain attributes (never Parameters/buffers/Modules): invisible to the state dict.
+        object.__setattr__(module, name, value)
+    return True
+
+
+def swap_out(module: torch.nn.Module) -> bool:
+    """Restore the stock class (used by tests and by uninstall)."""
+    stock = type(module).__dict__.get("_fvd_stock_class")
+    if stock is None:
+        return False
+    module.__class__ = stock
+    return True

@@ -1,0 +1,1 @@
+"""ComfyUI adapters: node schemas, execute(), the unload hook and UI text. Imports comfy_api."""

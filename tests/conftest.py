@@ -1,0 +1,61 @@
+"""Test set-up shared by the three tiers.
+
+- Tier 1 (default, CI): CPU only. Triton kernels run under ``TRITON_INTERPRET=1``; it has to be
+  set before any ``@triton.jit`` decorator runs, so it is set here, before the package imports.
+- Tier 2: ``COMFYUI_PATH`` points at a ComfyUI tree (see ``comfy_env.py``).
+- Tier 3: the ``cuda`` marker; skipped without a GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PACKAGE = "fast_vae_decode"
+
+
+def _import_repo_as_package() -> None:
+    """Make ``import fast_vae_decode`` work from a plain checkout (no ``pip install -e``).
+
+    The repository root is the package (ComfyUI loads it from ``custom_nodes/``), so its
+    directory name is not its import name; map it explicitly.
+    """
+    if PACKAGE in sys.modules:
+        return
+    try:
+        spec = importlib.util.find_spec(PACKAGE)
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.origin and pathlib.Path(spec.origin).resolve().parent == REPO:
+        return
+    spec = importlib.util.spec_from_file_location(
+        PACKAGE, REPO / "__init__.py", submodule_search_locations=[str(REPO)]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[PACKAGE] = module
+    spec.loader.exec_module(module)
+
+
+_import_repo_as_package()
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "cuda: needs a CUDA GPU (tier 3); skipped without one")
+    config.addinivalue_line("markers", "comfyui: needs a ComfyUI tree in COMFYUI_PATH (tier 2)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (tier 3)")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
