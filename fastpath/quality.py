@@ -59,17 +59,17 @@ def check_quality(quality: str) -> str:
 
 def fast_path_unavailable(vae: object) -> tuple[str | None, int]:
     """(reason the fast path cannot run for ``vae``, number of fused modules installed)."""
-    reason = triton_unavailable_reason()
-    if reason is not None:
-        return reason, 0
     models = decoder_models(vae)
     if not models:
         return f"unsupported VAE ({type(vae).__name__})", 0
+    # Install even where Triton cannot run: it is free (a class swap), and the same installed
+    # modules then serve a later process state, while the closed gate keeps them exact.
     reports = [install_fast_path(m) for m in models]
     fused = sum(r.fused for r in reports)
     if fused == 0:
         return next((r.reason for r in reports if r.reason), "nothing installed"), 0
-    return None, fused
+    reason = triton_unavailable_reason()
+    return (reason, fused) if reason is not None else (None, fused)
 
 
 def decode_at_quality(vae: object, quality: str, decode: Callable[[], T]) -> tuple[T, DecodeOutcome]:

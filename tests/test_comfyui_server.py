@@ -1,0 +1,52 @@
+"""Tier 2: a headless ComfyUI server (``main.py --cpu``) runs an API-format workflow that uses
+FastVAEDecode and returns the image, as a service posting JSON to ``/prompt`` would."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import pytest
+
+from comfy_env import comfy_nodes, requires_comfyui
+from comfy_server import ComfyServer
+
+pytestmark = [requires_comfyui, pytest.mark.comfyui]
+
+WORKFLOW = pathlib.Path(__file__).parent / "workflows" / "fast_vae_decode_api.json"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from safetensors.torch import save_file
+
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    base = tmp_path_factory.mktemp("comfy-base")
+    srv = ComfyServer(base)
+    sd = {k: v.contiguous() for k, v in comfy_vae("sdxl", seed=0).first_stage_model.state_dict().items()}
+    save_file(sd, str(base / "models" / "vae" / "fvd_test_sdxl.safetensors"))
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_api_workflow_returns_the_image(server):
+    prompt = json.loads(WORKFLOW.read_text())
+    entry = server.run_prompt(prompt)
+    assert entry["status"]["status_str"] == "success", entry["status"]
+    images = entry["outputs"]["4"]["images"]
+    assert len(images) == 1
+    path = server.base / "output" / images[0].get("subfolder", "") / images[0]["filename"]
+    assert path.is_file() and path.stat().st_size > 0
+    ui = entry["outputs"]["3"]
+    assert ui["text"][0].startswith(("high", "fallback"))
+    assert ui["fast_vae_decode"][0]["quality"] == "high"
+    assert "Cannot import" not in server.log_text()
+
+
+def test_object_info_lists_the_nodes(server):
+    info = server.get("/object_info/FastVAEDecode")["FastVAEDecode"]
+    assert info["display_name"] == "Fast VAE Decode (quality)"
+    assert info["input"]["required"]["quality"][0] == ["high", "lossless"] or \
+        info["input"]["required"]["quality"][1]["options"] == ["high", "lossless"]
