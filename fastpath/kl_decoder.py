@@ -1,0 +1,143 @@
+"""Fused KL image-VAE decoders (ComfyUI's ``Decoder`` and diffusers' ``Decoder``).
+
+With the gate open the decoder runs channels-last from end to end: the latent is converted
+once, every block works on channels-last tensors, the final GroupNorm and the SiLU after it
+(ComfyUI: ``norm_out`` then the module-level ``nonlinearity``; diffusers: ``conv_norm_out`` then
+``conv_act``) are one kernel, and the output goes back to the stock (contiguous) layout, so
+code after the decoder sees what it always saw. With the gate closed it is the stock forward.
+
+The loop mirrors the stock decoder's order of blocks (a fact about the architecture, checked
+at install by ``families.kl``): conv_in, mid block, up levels from the deepest (res blocks, the
+attention after each when the level has any, then the upsample), norm + SiLU, conv_out.
+"""
+from __future__ import annotations
+
+import torch
+
+from .fused import FusedModule
+from .kl_ops import (
+    CHANNELS_LAST,
+    conv2d,
+    tensor_reason,
+    to_channels_last,
+    weights_reason,
+)
+from .kl_settings import cudnn_benchmark_for
+
+
+def takes_fast_path(module: torch.nn.Module, *args) -> bool:
+    """Whether ``module(*args)`` will run its fused path now (gate open, input supported)."""
+    if not isinstance(module, FusedModule):
+        return False
+    gate = module._fvd_gate
+    if gate is None or module._fvd_disabled is not None or not gate.allows_fast_path():
+        return False
+    return module.fast_unsupported(*args) is None
+
+
+def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:
+    """One block of the channels-last decode.
+
+    A block that will not take its fused path gets a contiguous input, as in a stock decode
+    (ComfyUI's attention ``view``s its input, which a channels-last tensor does not allow), and
+    its output is turned back to channels-last for the next block.
+    """
+    if takes_fast_path(module, h, *args):
+        return module(h, *args)
+    return to_channels_last(module(h.contiguous(), *args))
+
+
+class _FusedDecoder(FusedModule):
+    """Subclasses define ``_ends()`` -> (conv_in, norm_out, conv_out) and ``_blocks(h)``."""
+
+    def _ends(self):
+        raise NotImplementedError
+
+    def _blocks(self, h: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _finish(self, h: torch.Tensor) -> torch.Tensor:
+        return h
+
+    def fast_unsupported(self, z, *args, **kwargs) -> str | None:
+        if any(a is not None for a in args) or any(v is not None for v in kwargs.values()):
+            return "extra decoder arguments"
+        reason = tensor_reason(z)
+        if reason is not None:
+            return reason
+        # Every weight must be on the latent's device (ComfyUI low-VRAM mode can leave some on
+        # the CPU) and in its dtype (the loop has no per-level casts, as a mixed-precision
+        # stock decoder would); the blocks check their casts and patches when they run.
+        for p in self.parameters():
+            if p.device != z.device:
+                return f"weights on {p.device}, input on {z.device}"
+            if p.dtype != z.dtype:
+                return f"weights in {p.dtype}, input in {z.dtype}"
+        return weights_reason(self._ends(), z)
+
+    def fast_forward(self, z, *args, **kwargs):
+        conv_in, norm_out, conv_out = self._ends()
+        with cudnn_benchmark_for(z):
+            h = conv2d(conv_in, to_channels_last(z))
+            h = self._blocks(h)
+            h = conv2d(conv_out, norm_out.norm_silu(h))
+            h = self._finish(h)
+        return h.contiguous()
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        # With the gate open but this decoder on its stock path (a fallback), fused blocks inside
+        # may still hand channels-last tensors to the stock tail; keep the stock output layout.
+        gate = self._fvd_gate
+        if (gate is not None and gate.is_open and isinstance(out, torch.Tensor)
+                and out.dim() == 4 and not out.is_contiguous()
+                and out.is_contiguous(memory_format=CHANNELS_LAST)):
+            out = out.contiguous()
+        return out
+
+
+class FusedComfyDecoder(_FusedDecoder):
+    """``comfy.ldm.modules.diffusionmodules.model.Decoder`` (2-D, not ``give_pre_end``)."""
+
+    def _ends(self):
+        return self.conv_in, self.norm_out, self.conv_out
+
+    def _blocks(self, h):
+        mid = self.mid
+        h = run_child(mid.block_1, h, None)
+        h = run_child(mid.attn_1, h)
+        h = run_child(mid.block_2, h, None)
+        for i_level in reversed(range(len(self.up))):
+            level = self.up[i_level]
+            has_attn = len(level.attn) > 0
+            for i_block, block in enumerate(level.block):
+                h = run_child(block, h, None)
+                if has_attn:
+                    h = run_child(level.attn[i_block], h)
+            if i_level != 0:
+                h = run_child(level.upsample, h)
+        return h
+
+    def _finish(self, h):
+        return torch.tanh(h) if getattr(self, "tanh_out", False) else h
+
+
+class FusedDiffusersDecoder(_FusedDecoder):
+    """``diffusers.models.autoencoders.vae.Decoder`` with GroupNorm (no spatial norm)."""
+
+    def _ends(self):
+        return self.conv_in, self.conv_norm_out, self.conv_out
+
+    def _blocks(self, h):
+        mid = self.mid_block
+        h = run_child(mid.resnets[0], h, None)
+        for attn, resnet in zip(mid.attentions, mid.resnets[1:]):
+            if attn is not None:
+                h = run_child(attn, h)
+            h = run_child(resnet, h, None)
+        for up in self.up_blocks:
+            for resnet in up.resnets:
+                h = run_child(resnet, h, None)
+            for upsampler in up.upsamplers or ():
+                h = run_child(upsampler, h)
+        return h

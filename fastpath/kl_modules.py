@@ -1,0 +1,243 @@
+"""Fused ResnetBlock, AttnBlock and Upsample of the KL image VAEs (ComfyUI's and diffusers').
+
+Each mixin is swapped onto a stock module (``swap.swap_in``); it reads the module's own
+Parameters, so the state dict is unchanged, and the closed gate runs the stock ``forward``.
+With the gate open a block works on channels-last tensors: it converts its input once (a
+no-op inside the fused decoder, which feeds channels-last tensors) and hands back its output
+in the input's layout family (``kl_ops.like_input``).
+
+The ComfyUI and diffusers classes compute the same thing with different attribute names;
+``_parts`` maps each to the same pieces, and the shared computation lives in the base mixins.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.upsample_conv_fold import (
+    fold_upsample_conv_weight,
+    fold_upsample_conv_weight_subpixel,
+    upsample_conv_folded,
+    upsample_conv_subpixel,
+)
+from ..kernels.vae_attention import (
+    attention_chunked,
+    attention_sdpa,
+    fold_attention_weights,
+    from_tokens,
+    to_tokens,
+)
+from .cache import cached
+from .fused import FusedModule
+from .kl_ops import conv2d, like_input, tensor_reason, to_channels_last, weights_reason
+from .kl_settings import settings
+
+# diffusers attention processors whose computation ``FusedAttention`` reproduces (single head,
+# no mask, SDPA's default scale 1/sqrt(C)).
+DIFFUSERS_ATTENTION_PROCESSORS = ("AttnProcessor2_0", "AttnProcessor")
+
+
+def _extra_args_reason(args, kwargs) -> str | None:
+    if any(a is not None for a in args) or any(v is not None for v in kwargs.values()):
+        return "extra arguments"
+    return None
+
+
+def _dropout_reason(module: torch.nn.Module) -> str | None:
+    dropout = getattr(module, "dropout", None)
+    if module.training and isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
+        return "training-mode dropout"
+    return None
+
+
+def _sum_biases(*biases: torch.Tensor | None) -> torch.Tensor | None:
+    present = [b for b in biases if b is not None]
+    if not present:
+        return None
+    # Summed in fp32 and rounded once; stock rounds each conv's bias add separately.
+    return torch.stack([b.float() for b in present]).sum(0).to(present[0].dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# ResnetBlock: norm1+SiLU -> conv1 -> norm2+SiLU -> (dropout) -> conv2, plus the shortcut.
+
+
+class _FusedResnet(FusedModule):
+    """Subclasses define ``_parts() -> (norm1, conv1, norm2, conv2, shortcut|None, out_scale)``."""
+
+    def _parts(self):
+        raise NotImplementedError
+
+    def fast_unsupported(self, x, temb=None, *args, **kwargs) -> str | None:
+        reason = (_extra_args_reason((temb,) + args, kwargs) or tensor_reason(x)
+                  or _dropout_reason(self))
+        if reason is not None:
+            return reason
+        norm1, conv1, norm2, conv2, shortcut, _ = self._parts()
+        modules = (norm1, conv1, norm2, conv2) + ((shortcut,) if shortcut is not None else ())
+        return weights_reason(modules, x)
+
+    def fast_forward(self, x, temb=None, *args, **kwargs):
+        norm1, conv1, norm2, conv2, shortcut, out_scale = self._parts()
+        xc = to_channels_last(x)
+        h = conv2d(conv1, norm1.norm_silu(xc))
+        h = norm2.norm_silu(h)
+        if shortcut is None:
+            out = conv2d(conv2, h)
+            out += xc  # in place on the fresh conv output: one pass for the residual
+        else:
+            # conv2's bias rides on the shortcut conv's bias: one elementwise pass fewer.
+            bias = cached(self, "resnet_shortcut_bias", (shortcut.bias, conv2.bias),
+                          lambda: _sum_biases(shortcut.bias, conv2.bias))
+            out = conv2d(conv2, h, use_bias=False)
+            out += conv2d(shortcut, xc, bias=bias, use_bias=False)
+        if out_scale != 1:
+            out /= out_scale
+        return like_input(out, x)
+
+
+class FusedComfyResnetBlock(_FusedResnet):
+    """``comfy.ldm.modules.diffusionmodules.model.ResnetBlock`` (2-D)."""
+
+    def _parts(self):
+        shortcut = None
+        if self.in_channels != self.out_channels:
+            shortcut = self.conv_shortcut if self.use_conv_shortcut else self.nin_shortcut
+        return self.norm1, self.conv1, self.norm2, self.conv2, shortcut, 1
+
+
+class FusedDiffusersResnetBlock2D(_FusedResnet):
+    """``diffusers.models.resnet.ResnetBlock2D`` with no time embedding and no resampling."""
+
+    def _parts(self):
+        return (self.norm1, self.conv1, self.norm2, self.conv2, self.conv_shortcut,
+                self.output_scale_factor)
+
+
+# ---------------------------------------------------------------------------------------------
+# Single-head attention block: norm -> q, k, v -> attention -> proj_out, plus the residual.
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T) v over (N, L, C) tokens, scale already folded into q (``settings``)."""
+    mode = settings.attention
+    if mode == "auto":
+        mode = "chunked" if q.shape[1] >= settings.chunked_min_tokens else "sdpa"
+    if mode == "sdpa":
+        return attention_sdpa(q, k, v)
+    return attention_chunked(q, k, v, fp32_scores=settings.attention_fp32_scores)
+
+
+class _FusedAttention(FusedModule):
+    """Subclasses define ``_parts() -> (norm, (wq, bq), (wk, bk), (wv, bv), (wo, bo), modules,
+    out_scale)`` with ``modules`` the projection modules whose weights are read."""
+
+    def _parts(self):
+        raise NotImplementedError
+
+    def _call_reason(self, args, kwargs) -> str | None:
+        return _extra_args_reason(args, kwargs)
+
+    def fast_unsupported(self, x, *args, **kwargs) -> str | None:
+        reason = self._call_reason(args, kwargs) or tensor_reason(x)
+        if reason is not None:
+            return reason
+        norm, *_, modules, _ = self._parts()
+        return weights_reason((norm,) + tuple(modules), x)
+
+    def fast_forward(self, x, *args, **kwargs):
+        norm, q, k, v, o, _, out_scale = self._parts()
+        sources = (*q, *k, *v, *o)
+        folded = cached(self, "attention_fold", sources, lambda: fold_attention_weights(*sources))
+        xc = to_channels_last(x)
+        height, width = xc.shape[-2:]
+        tokens = to_tokens(norm.norm_silu(xc, silu=False))  # a free view of channels-last
+        query = F.linear(tokens, folded.query_weight, folded.query_bias)
+        # Attention rows sum to 1, so the folded output bias can ride on the values (free in
+        # the GEMM's epilogue) instead of costing a pass over the output.
+        value = F.linear(tokens, folded.value_weight, folded.out_bias)
+        out = from_tokens(attend(query, tokens, value), height, width)
+        out += xc
+        if out_scale != 1:
+            out /= out_scale
+        return like_input(out, x)
+
+
+def _conv_pair(conv):
+    return conv.weight, conv.bias
+
+
+class FusedComfyAttnBlock(_FusedAttention):
+    """``comfy.ldm.modules.diffusionmodules.model.AttnBlock`` (2-D)."""
+
+    def _parts(self):
+        convs = (self.q, self.k, self.v, self.proj_out)
+        return (self.norm, *(_conv_pair(c) for c in convs), convs, 1)
+
+
+class FusedDiffusersAttention(_FusedAttention):
+    """``diffusers.models.attention_processor.Attention`` as the VAE mid-block uses it."""
+
+    def _call_reason(self, args, kwargs) -> str | None:
+        # The mid-block passes temb=None; a mask or cross-attention states are not ours.
+        if type(self.processor).__name__ not in DIFFUSERS_ATTENTION_PROCESSORS:
+            return f"attention processor {type(self.processor).__name__}"
+        return _extra_args_reason(args, kwargs)
+
+    def _parts(self):
+        linears = (self.to_q, self.to_k, self.to_v, self.to_out[0])
+        return (self.group_norm, *(_conv_pair(m) for m in linears), linears,
+                self.rescale_output_factor)
+
+
+# ---------------------------------------------------------------------------------------------
+# Upsample: nearest 2x then a 3x3 conv, folded into one low-resolution op.
+
+
+class _FusedUpsample(FusedModule):
+    """Subclasses define ``_conv()`` (the 3x3 conv after the nearest-2x upsample)."""
+
+    def _conv(self):
+        raise NotImplementedError
+
+    def fast_unsupported(self, x, *args, **kwargs) -> str | None:
+        reason = _extra_args_reason(args, kwargs) or tensor_reason(x)
+        if reason is not None:
+            return reason
+        return weights_reason((self._conv(),), x)
+
+    def fast_forward(self, x, *args, **kwargs):
+        conv = self._conv()
+        xc = to_channels_last(x)
+        mode = settings.upsample
+        if mode == "transposed":
+            w = cached(self, "upsample_fold", (conv.weight,),
+                       lambda: fold_upsample_conv_weight(conv.weight))
+            out = upsample_conv_folded(xc, w, conv.bias)
+        elif mode == "subpixel":
+            w4, b4 = cached(self, "upsample_fold_subpixel", (conv.weight, conv.bias), lambda: (
+                fold_upsample_conv_weight_subpixel(conv.weight),
+                None if conv.bias is None else conv.bias.repeat_interleave(4)))
+            out = upsample_conv_subpixel(xc, w4, b4)
+        else:
+            out = conv2d(conv, F.interpolate(xc, scale_factor=2.0, mode="nearest"))
+        return like_input(out, x)
+
+
+class FusedComfyUpsample(_FusedUpsample):
+    """``comfy.ldm.modules.diffusionmodules.model.Upsample`` (2-D, with its conv)."""
+
+    def _conv(self):
+        return self.conv
+
+
+class FusedDiffusersUpsample2D(_FusedUpsample):
+    """``diffusers.models.upsampling.Upsample2D`` (nearest 2x + 3x3 conv, no norm)."""
+
+    def _conv(self):
+        return self.conv if self.name == "conv" else self.Conv2d_0
+
+    def fast_unsupported(self, x, output_size=None, *args, **kwargs) -> str | None:
+        if output_size is not None:
+            return "explicit output size"
+        return super().fast_unsupported(x, *args, **kwargs)

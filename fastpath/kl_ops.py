@@ -1,0 +1,171 @@
+"""Shared pieces of the KL image-VAE fused modules: input and weight checks, channels-last
+helpers, convs on a module's own weights, and ``FusedGroupNormSiLU`` for the norms.
+
+Everything a fused block reads directly (weights, biases) is checked per call, because ComfyUI
+may move, cast or patch weights between decodes: low-VRAM mode leaves them on the CPU and casts
+them inside the stock ``forward`` (``comfy_cast_weights``), LoRA-style patches add
+``weight_function``s. Any of those sends the module to its stock path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.backend import triton_unavailable_reason
+from ..kernels.group_norm_silu import (
+    MAX_BLOCK_C,
+    MAX_GROUP_MASK,
+    group_norm_silu,
+    group_norm_silu_unsupported,
+)
+from .fused import FusedModule
+
+CHANNELS_LAST = torch.channels_last
+FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def is_channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.is_contiguous(memory_format=CHANNELS_LAST)
+
+
+def to_channels_last(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=CHANNELS_LAST)
+
+
+def like_input(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``out`` in ``x``'s layout family: channels-last stays, anything else becomes contiguous.
+
+    A fused block called with a contiguous tensor (its parent decoder runs stock) hands back a
+    contiguous one, so stock code after it (ComfyUI's attention ``view``s its input) still works.
+    """
+    if is_channels_last(x) and not x.is_contiguous():
+        return out
+    return out.contiguous()
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+def group_norm_static_reason(norm: torch.nn.Module) -> str | None:
+    """Why ``group_norm_silu`` can never take ``norm`` (shape-only; checked at install).
+
+    Mirrors the channel/group limits of ``group_norm_silu_unsupported``; the per-call checks
+    (device, dtype, layout) are left to the kernel's own function.
+    """
+    if not isinstance(norm, torch.nn.GroupNorm):
+        return f"norm is a {type(norm).__name__}, not a GroupNorm"
+    c, g = norm.num_channels, norm.num_groups
+    if g <= 0 or c % g:
+        return f"{c} channels not divisible into {g} groups"
+    if _pow2(c) > MAX_BLOCK_C:
+        return f"{c} channels is too wide for the group norm kernel"
+    cpg = c // g
+    if cpg != _pow2(cpg) and _pow2(g) * _pow2(c) > MAX_GROUP_MASK:
+        return f"{g} groups of {cpg} channels"
+    return None
+
+
+def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str | None:
+    """Why a fused block cannot run ``conv`` itself through ``F.conv2d`` (checked at install)."""
+    if not isinstance(conv, torch.nn.Conv2d):
+        return f"conv is a {type(conv).__name__}, not a Conv2d"
+    if tuple(conv.kernel_size) != (kernel, kernel):
+        return f"conv kernel {tuple(conv.kernel_size)}"
+    if (tuple(conv.stride) != (1, 1) or tuple(conv.dilation) != (1, 1) or conv.groups != 1
+            or conv.padding_mode != "zeros" or conv.padding != (padding, padding)):
+        return "conv stride/padding/dilation/groups differ from the KL VAE's"
+    return None
+
+
+def comfy_cast_reason(module: torch.nn.Module) -> str | None:
+    """Why ComfyUI's ops would compute ``module`` differently from its raw weights."""
+    if getattr(module, "comfy_cast_weights", False):
+        return "weights cast per call (ComfyUI low-VRAM mode)"
+    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
+        return "ComfyUI weight patches"
+    return None
+
+
+def tensor_reason(x: torch.Tensor) -> str | None:
+    """Per-call checks on a block's input that the fused kernels share."""
+    if not isinstance(x, torch.Tensor):
+        return "input is not a tensor"
+    reason = triton_unavailable_reason(x)
+    if reason is not None:
+        return reason
+    if x.dim() != 4:
+        return f"{x.dim()}-D input"
+    if x.dtype not in FAST_DTYPES:
+        return f"dtype {x.dtype}"
+    if x.numel() == 0:
+        return "empty tensor"
+    if x.shape[2] * x.shape[3] >= 2**30:
+        return "more than 2^30 pixels per image"
+    return None
+
+
+def weights_reason(modules, x: torch.Tensor) -> str | None:
+    """Per-call checks on the weights a fused block reads directly.
+
+    Conv/linear weights must match the input dtype (``F.conv2d`` does not mix dtypes); norm
+    weights may be any float dtype (the kernel computes in fp32).
+    """
+    grad = torch.is_grad_enabled() and x.requires_grad
+    for m in modules:
+        reason = comfy_cast_reason(m)
+        if reason is not None:
+            return reason
+        norm = isinstance(m, torch.nn.GroupNorm)
+        for p in m.parameters(recurse=False):
+            if p.device != x.device:
+                return f"weights on {p.device}, input on {x.device}"
+            if not norm and p.dtype != x.dtype:
+                return f"weights in {p.dtype}, input in {x.dtype}"
+            if not p.is_floating_point():
+                return f"weights in {p.dtype}"
+            grad = grad or (torch.is_grad_enabled() and p.requires_grad)
+    if grad:
+        return "autograd (the fused kernels have no backward)"
+    return None
+
+
+def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = None,
+           use_bias: bool = True) -> torch.Tensor:
+    """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
+    b = bias if bias is not None else (conv.bias if use_bias else None)
+    return F.conv2d(x, conv.weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+class FusedGroupNormSiLU(FusedModule):
+    """A GroupNorm whose fused blocks call ``norm_silu`` (GroupNorm + SiLU in one kernel).
+
+    Its own ``forward`` takes the kernel (without SiLU) only for channels-last 4-D inputs,
+    which only the fast path produces; everything else runs the stock norm.
+    """
+
+    def fast_unsupported(self, x, *args, **kwargs) -> str | None:
+        if args or kwargs:
+            return "extra arguments"
+        if not isinstance(x, torch.Tensor) or not is_channels_last(x):
+            return "not channels-last"
+        reason = comfy_cast_reason(self)
+        if reason is not None:
+            return reason
+        return group_norm_silu_unsupported(x, self.weight, self.bias, self.num_groups)
+
+    def fast_forward(self, x):
+        return self.norm_silu(x, silu=False)
+
+    def norm_silu(self, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+        """GroupNorm (+ SiLU) of channels-last ``x`` through the kernel; raises if it declines.
+
+        Callers check ``tensor_reason``/``weights_reason`` first, so a decline here is a
+        mismatch between those checks and the kernel's; raising sends the calling block to its
+        stock path (``FusedModule`` disables it for the session and logs the reason).
+        """
+        y = group_norm_silu(x, self.weight, self.bias, self.num_groups, self.eps, silu=silu)
+        if y is None:
+            raise RuntimeError("group_norm_silu declined: " + str(
+                group_norm_silu_unsupported(x, self.weight, self.bias, self.num_groups)))
+        return y
