@@ -1,0 +1,420 @@
+"""GroupNorm (+ optional SiLU) over channels-last 4-D tensors, statistics split over many programs.
+
+Stock PyTorch GroupNorm computes the statistics with one program per (sample, group): 32 programs
+at batch 1 on a 132-SM GPU, which is most of a KL VAE decode. Here, on an NHWC tensor:
+
+1. ``_group_norm_stats_kernel``, grid (splits, N): each program walks a contiguous run of pixels
+   (all C channels of each pixel, so loads are contiguous along C) and keeps a Welford mean/M2 per
+   register lane; at the end it combines its lanes per group and writes one (mean, M2) partial
+   per (n, group, split). Welford, not sum/sum-of-squares: a group can hold millions of elements
+   with a mean far from zero, where E[x^2] - E[x]^2 in fp32 cancels catastrophically.
+2. ``_group_norm_finalize_kernel``, grid (G, N): combines the partials of one (n, group) with the
+   parallel-variance formula (exact, two passes over the small partial row) and folds the affine
+   weight/bias into a per-(n, channel) fp32 ``scale`` and ``shift``.
+3. ``_group_norm_apply_kernel``, grid (programs, N): each program streams a contiguous run of
+   pixel tiles, ``y = x * scale + shift``, SiLU, stored in x.dtype in the input's NHWC order.
+   The folded form costs a little accuracy only when |mean| >> std (fp32 rounding of
+   mean * scale); at |mean| / std = 1e4 outputs are within ~4e-3 of exact.
+
+Traffic: two reads and one write of x (the minimum for a norm that cannot keep x on chip).
+
+Not done yet, noted for later: a residual add could be fused. In a ResnetBlock the sum
+``x + h`` is both the next block's residual and the next GroupNorm's input, so it must be written
+anyway; pass 1 could read x and h, write the sum and take its statistics in the same sweep
+(5 passes over memory instead of 6 for add + norm).
+
+Every per-sample offset is formed in int64 (C*H*W of one sample can exceed 2^31); offsets inside a
+tile stay int32.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from .backend import tl, triton, triton_unavailable_reason
+
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+# Tuning knobs, chosen on paper for an H200 (ptxas for sm_90, bf16): a 4096-element stats tile
+# with 4 warps uses 96 registers per thread (two fp32 Welford accumulators per element), so 5
+# programs fit on an SM; 4 per SM then run in one wave, each sweeping a long contiguous run.
+STATS_TILE_ELEMENTS = 4096
+STATS_PROGRAMS_PER_SM = 4
+# Apply: 72-80 registers at 4 warps, so 6 programs per SM are all resident (one wave); each
+# loads the per-channel scale/shift once and streams its tiles.
+APPLY_TILE_ELEMENTS = 4096
+APPLY_PROGRAMS_PER_SM = 6
+FINALIZE_BLOCK_S = 512
+# A whole pixel's channels (rounded up to a power of two) must fit one tile row.
+MAX_BLOCK_C = 8192
+# Groups of a width that is not a power of two are combined through a [groups, channels] mask.
+MAX_GROUP_MASK = 32768
+
+
+def _is_compiling() -> bool:
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
+    return bool(is_compiling()) if is_compiling is not None else False
+
+
+def _is_channels_last(x: torch.Tensor) -> bool:
+    return x.dim() == 4 and x.permute(0, 2, 3, 1).is_contiguous()
+
+
+def group_norm_silu_reference(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    silu: bool = True,
+) -> torch.Tensor:
+    """GroupNorm (+ SiLU) in plain torch: statistics in fp32, result in x.dtype, x's memory format.
+
+    The fallback of ``group_norm_silu`` and its test oracle; takes any rank >= 2 and any strides.
+    """
+    n, c = x.shape[:2]
+    xf = x.float()
+    grouped = xf.reshape(n, num_groups, -1)
+    var, mean = torch.var_mean(grouped, dim=-1, unbiased=False, keepdim=True)
+    y = (grouped - mean).mul_(torch.rsqrt(var + eps)).reshape(xf.shape)
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    if weight is not None:
+        y = y.mul_(weight.to(device=x.device, dtype=torch.float32).reshape(shape))
+    if bias is not None:
+        y = y.add_(bias.to(device=x.device, dtype=torch.float32).reshape(shape))
+    if silu:
+        y = F.silu(y, inplace=True)
+    fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
+    return y.to(dtype=x.dtype, memory_format=fmt)
+
+
+class GroupNormSiLUConfig(NamedTuple):
+    """Launch parameters; block sizes are powers of two."""
+
+    stats_block_p: int  # pixels per stats tile (the tile holds all channels of each pixel)
+    stats_programs: int  # stats programs per sample wanted (fewer when there are fewer tiles)
+    stats_warps: int
+    apply_block_p: int  # pixels per apply tile
+    apply_programs: int  # apply programs per sample wanted (each loops over its tiles)
+    apply_warps: int
+    finalize_block_s: int  # partials read per finalize step
+    finalize_warps: int
+
+
+def _pow2(v: int) -> int:
+    return 1 << max(0, int(v) - 1).bit_length()
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # interpreter: a few programs, so tests exercise the split statistics
+
+
+def group_norm_silu_config(
+    n: int, c: int, hw: int, num_groups: int, sm_count: int
+) -> GroupNormSiLUConfig:
+    """The default launch parameters for an (n, c, h*w) problem on a GPU with ``sm_count`` SMs."""
+    stats_c = _pow2(c)
+    stats_block_p = max(1, STATS_TILE_ELEMENTS // stats_c)
+    # Enough programs to fill the GPU at batch 1; more only add partials for pass 2 to combine.
+    stats_programs = max(1, (STATS_PROGRAMS_PER_SM * sm_count) // max(1, n))
+    stats_warps = 4 if stats_block_p * stats_c <= 4096 else 8
+    cpg = c // num_groups
+    if cpg & (cpg - 1):
+        # The [groups, channels] membership mask spills at 4 warps (C=320); at 8 it takes ~180
+        # registers, one program per SM: slow but correct, and no KL VAE has such groups.
+        stats_warps = 8
+    apply_c = _pow2(c)
+    apply_block_p = max(1, APPLY_TILE_ELEMENTS // apply_c)
+    apply_warps = 4 if apply_block_p * apply_c <= 4096 else 8
+    return GroupNormSiLUConfig(
+        stats_block_p=stats_block_p,
+        stats_programs=stats_programs,
+        stats_warps=stats_warps,
+        apply_block_p=apply_block_p,
+        apply_programs=max(1, (APPLY_PROGRAMS_PER_SM * sm_count) // max(1, n)),
+        apply_warps=apply_warps,
+        finalize_block_s=FINALIZE_BLOCK_S,
+        finalize_warps=4,
+    )
+
+
+def _param_reason(name: str, p: torch.Tensor | None, x: torch.Tensor) -> str | None:
+    if p is None:
+        return None
+    if p.device != x.device:
+        return f"{name} on {p.device}, input on {x.device}"
+    if p.numel() != x.shape[1]:
+        return f"{name} has {p.numel()} elements for {x.shape[1]} channels"
+    if not p.is_floating_point():
+        return f"{name} dtype {p.dtype}"
+    return None
+
+
+def group_norm_silu_unsupported(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+) -> str | None:
+    """Why the Triton path cannot take this input (short, for the UI and log); None if it can."""
+    reason = triton_unavailable_reason(x)
+    if reason is not None:
+        return reason
+    if x.dim() != 4:
+        return f"{x.dim()}-D input"
+    if x.dtype not in _DTYPES:
+        return f"dtype {x.dtype}"
+    if x.numel() == 0:
+        return "empty tensor"
+    c = x.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        return f"{c} channels not divisible into {num_groups} groups"
+    if not _is_channels_last(x):
+        return "not channels-last"
+    if _pow2(c) > MAX_BLOCK_C:
+        return f"{c} channels is too wide for one tile"
+    cpg = c // num_groups
+    if cpg != _pow2(cpg) and _pow2(num_groups) * _pow2(c) > MAX_GROUP_MASK:
+        return f"{num_groups} groups of {cpg} channels"
+    if x.shape[2] * x.shape[3] >= 2**30:
+        return "more than 2^30 pixels per image"
+    for name, p in (("weight", weight), ("bias", bias)):
+        reason = _param_reason(name, p, x)
+        if reason is not None:
+            return reason
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x, weight, bias)
+    ):
+        return "autograd (the kernel has no backward)"
+    if _is_compiling():
+        return "torch.compile tracing"
+    return None
+
+
+def group_norm_silu(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    silu: bool = True,
+    *,
+    config: GroupNormSiLUConfig | None = None,
+) -> torch.Tensor | None:
+    """GroupNorm (+ SiLU) of a channels-last x; a new channels-last tensor of x.dtype.
+
+    Returns None when ``group_norm_silu_unsupported`` gives a reason: the caller falls back
+    (to ``group_norm_silu_reference`` or the stock module). ``config`` overrides the heuristic.
+    """
+    if group_norm_silu_unsupported(x, weight, bias, num_groups) is not None:
+        return None
+    n, c, h, w = x.shape
+    hw = h * w
+    cpg = c // num_groups
+    if config is None:
+        config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device))
+    for v in (config.stats_block_p, config.apply_block_p, config.finalize_block_s):
+        if v <= 0 or v & (v - 1):
+            raise ValueError(f"block sizes must be powers of two: {config}")
+
+    block_g, block_cpg = _pow2(num_groups), _pow2(cpg)
+    chunks = triton.cdiv(hw, config.stats_block_p)
+    chunks_per_program = triton.cdiv(chunks, max(1, config.stats_programs))
+    pix_per_program = chunks_per_program * config.stats_block_p
+    # Every program gets at least one pixel, so no partial is empty.
+    splits = triton.cdiv(hw, pix_per_program)
+    apply_tiles = triton.cdiv(hw, config.apply_block_p)
+    apply_tiles_per_program = triton.cdiv(apply_tiles, max(1, config.apply_programs))
+    apply_pix_per_program = apply_tiles_per_program * config.apply_block_p
+
+    weight = None if weight is None else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits], then the
+    # per-channel scale and shift [n, C]; each piece starts 16-byte aligned for vector loads.
+    parts, chans = -(-n * num_groups * splits // 4) * 4, -(-n * c // 4) * 4
+    ws = torch.empty(2 * parts + 2 * chans, device=x.device, dtype=torch.float32)
+    part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
+    scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
+    out = torch.empty_like(x, memory_format=torch.channels_last)
+
+    with _on_device(x.device):
+        _group_norm_stats_kernel[(splits, n)](
+            x, part_mean, part_m2, hw, pix_per_program, splits,
+            C=c, G=num_groups, CPG=cpg,
+            BLOCK_P=config.stats_block_p, BLOCK_C=_pow2(c), BLOCK_G=block_g,
+            num_warps=config.stats_warps,
+        )
+        _group_norm_finalize_kernel[(num_groups, n)](
+            part_mean, part_m2,
+            weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
+            bias if bias is not None else shift,
+            scale, shift, hw, pix_per_program, splits, float(eps),
+            C=c, G=num_groups, CPG=cpg,
+            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            BLOCK_S=min(config.finalize_block_s, _pow2(splits)), BLOCK_CPG=block_cpg,
+            num_warps=config.finalize_warps,
+        )
+        _group_norm_apply_kernel[(triton.cdiv(hw, apply_pix_per_program), n)](
+            x, out, scale, shift, hw, apply_tiles_per_program,
+            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=_pow2(c), SILU=bool(silu),
+            num_warps=config.apply_warps,
+        )
+    return out
+
+
+def _on_device(device: torch.device):
+    """x's GPU as the current one for the launches (Triton launches on the current device)."""
+    if device.type == "cuda" and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _group_norm_stats_kernel(
+        x_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
+        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+    ):
+        split = tl.program_id(0)
+        n = tl.program_id(1)
+        p0 = split * PIX_PER_PROGRAM
+        npix = tl.minimum(HW - p0, PIX_PER_PROGRAM)
+        nfull = npix // BLOCK_P
+        rem = npix - nfull * BLOCK_P
+
+        offs_p = tl.arange(0, BLOCK_P)[:, None]
+        c = tl.arange(0, BLOCK_C)
+        c_ok = (c < C)[None, :]
+        tile = offs_p * C + c[None, :]
+        ptr = x_ptr + (n.to(tl.int64) * HW + p0) * C
+
+        # One Welford accumulator per lane (pixel slot, channel); groups only matter when the
+        # lanes are combined at the end. Every valid lane has seen k + 1 values after full tile k,
+        # so the update weight is a scalar there.
+        mean = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        m2 = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        for k in range(nfull):
+            if BLOCK_C == C:
+                x = tl.load(ptr + tile).to(tl.float32)
+            else:
+                x = tl.load(ptr + tile, mask=c_ok, other=0.0).to(tl.float32)
+            delta = x - mean
+            mean += delta * (1.0 / (k + 1.0))
+            m2 += delta * (x - mean)
+            ptr += BLOCK_P * C
+        pix_ok = offs_p < rem
+        if rem > 0:
+            ok = pix_ok & c_ok
+            x = tl.load(ptr + tile, mask=ok, other=0.0).to(tl.float32)
+            delta = x - mean
+            mean += tl.where(ok, delta * (1.0 / (nfull + 1.0)), 0.0)
+            m2 += tl.where(ok, delta * (x - mean), 0.0)
+
+        # Combine lanes with the exact parallel formulas (n-weighted mean, then M2 about it):
+        # first each channel's pixel slots, then each group's channels.
+        cnt = ((nfull + pix_ok.to(tl.int32)) * c_ok.to(tl.int32)).to(tl.float32)
+        cnt = tl.broadcast_to(cnt, [BLOCK_P, BLOCK_C])
+        cnt_c = tl.sum(cnt, axis=0)
+        mean_c = tl.sum(cnt * mean, axis=0) / tl.maximum(cnt_c, 1.0)
+        d = mean - mean_c[None, :]
+        m2_c = tl.sum(m2 + cnt * d * d, axis=0)
+        if BLOCK_C == BLOCK_G * CPG:
+            # Power-of-two group width: channel c = g * CPG + j is a plain reshape.
+            cnt_gc = tl.reshape(cnt_c, [BLOCK_G, CPG])
+            mean_gc = tl.reshape(mean_c, [BLOCK_G, CPG])
+            m2_gc = tl.reshape(m2_c, [BLOCK_G, CPG])
+        else:
+            # Other widths (C=96 or 320 with 32 groups): a [groups, channels] membership mask.
+            member = (c[None, :] // CPG == tl.arange(0, BLOCK_G)[:, None]) & (c < C)[None, :]
+            cnt_gc = tl.where(member, cnt_c[None, :], 0.0)
+            mean_gc = tl.where(member, mean_c[None, :], 0.0)
+            m2_gc = tl.where(member, m2_c[None, :], 0.0)
+        cnt_g = tl.sum(cnt_gc, axis=1)
+        mean_g = tl.sum(cnt_gc * mean_gc, axis=1) / tl.maximum(cnt_g, 1.0)
+        d = mean_gc - mean_g[:, None]
+        m2_g = tl.sum(m2_gc + cnt_gc * d * d, axis=1)
+
+        g = tl.arange(0, BLOCK_G)
+        out = (n * G + g) * SPLITS + split
+        tl.store(mean_ptr + out, mean_g, mask=g < G)
+        tl.store(m2_ptr + out, m2_g, mask=g < G)
+
+    @triton.jit
+    def _group_norm_finalize_kernel(
+        mean_ptr, m2_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr,
+        HW, PIX_PER_PROGRAM, SPLITS, eps,
+        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        BLOCK_S: tl.constexpr, BLOCK_CPG: tl.constexpr,
+    ):
+        g = tl.program_id(0)
+        n = tl.program_id(1)
+        row = (n * G + g) * SPLITS
+        total = (HW * 1.0) * CPG
+
+        # Parallel-variance combination, two passes over the row: mean = sum(n_s m_s) / N,
+        # M2 = sum(M2_s + n_s (m_s - mean)^2). Split s holds min(HW - s*P, P) pixels.
+        acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, SPLITS, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            ok = s < SPLITS
+            cnt = tl.where(ok, tl.minimum(HW - s * PIX_PER_PROGRAM, PIX_PER_PROGRAM), 0)
+            m = tl.load(mean_ptr + row + s, mask=ok, other=0.0)
+            acc += cnt.to(tl.float32) * CPG * m
+        mean = tl.sum(acc, axis=0) / total
+        acc = tl.zeros([BLOCK_S], dtype=tl.float32)
+        for s0 in range(0, SPLITS, BLOCK_S):
+            s = s0 + tl.arange(0, BLOCK_S)
+            ok = s < SPLITS
+            cnt = tl.where(ok, tl.minimum(HW - s * PIX_PER_PROGRAM, PIX_PER_PROGRAM), 0)
+            m = tl.load(mean_ptr + row + s, mask=ok, other=0.0)
+            m2 = tl.load(m2_ptr + row + s, mask=ok, other=0.0)
+            d = m - mean
+            acc += m2 + cnt.to(tl.float32) * CPG * d * d
+        var = tl.maximum(tl.sum(acc, axis=0) / total, 0.0)
+        rstd = 1.0 / tl.sqrt(var + eps)
+
+        j = tl.arange(0, BLOCK_CPG)
+        c = g * CPG + j
+        ok = j < CPG
+        scale = tl.zeros([BLOCK_CPG], dtype=tl.float32) + rstd
+        if HAS_WEIGHT:
+            scale *= tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        shift = -mean * scale
+        if HAS_BIAS:
+            shift += tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(scale_ptr + n * C + c, scale, mask=ok)
+        tl.store(shift_ptr + n * C + c, shift, mask=ok)
+
+    @triton.jit
+    def _group_norm_apply_kernel(
+        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM,
+        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        n = tl.program_id(1)
+        p = tl.arange(0, BLOCK_P)[:, None]
+        c = tl.arange(0, BLOCK_C)[None, :]
+        c_ok = c < C
+        # Loaded once per program and reused over its tiles (a tile is only a few pixels wide).
+        scale = tl.load(scale_ptr + n * C + c, mask=c_ok, other=0.0)
+        shift = tl.load(shift_ptr + n * C + c, mask=c_ok, other=0.0)
+        p0 = pid * TILES_PER_PROGRAM * BLOCK_P
+        offs = (n.to(tl.int64) * HW + p0) * C + p * C + c
+        for t in range(TILES_PER_PROGRAM):
+            mask = (p < HW - p0 - t * BLOCK_P) & c_ok
+            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+            y = x * scale + shift
+            if SILU:
+                y = y * tl.sigmoid(y)
+            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+            offs += BLOCK_P * C
