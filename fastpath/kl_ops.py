@@ -140,15 +140,19 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
 class FusedGroupNormSiLU(FusedModule):
     """A GroupNorm whose fused blocks call ``norm_silu`` (GroupNorm + SiLU in one kernel).
 
-    Its own ``forward`` takes the kernel (without SiLU) only for channels-last 4-D inputs,
-    which only the fast path produces; everything else runs the stock norm.
+    Its own ``forward`` takes the kernel (without SiLU) only for channels-last 4-D inputs
+    (stock blocks pass them on too: diffusers' attention returns a channels-last view); any
+    other input runs the stock norm directly, without counting as a fallback, since the
+    kernel was never meant for it.
     """
 
-    def fast_unsupported(self, x, *args, **kwargs) -> str | None:
-        if args or kwargs:
-            return "extra arguments"
-        if not isinstance(x, torch.Tensor) or not is_channels_last(x):
-            return "not channels-last"
+    def forward(self, x, *args, **kwargs):
+        if (args or kwargs or not isinstance(x, torch.Tensor) or not is_channels_last(x)
+                or x.is_contiguous()):
+            return super(FusedModule, self).forward(x, *args, **kwargs)  # the stock GroupNorm
+        return super().forward(x)
+
+    def fast_unsupported(self, x) -> str | None:
         reason = comfy_cast_reason(self)
         if reason is not None:
             return reason

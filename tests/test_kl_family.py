@@ -1,0 +1,375 @@
+"""The KL image-VAE family on diffusers ``AutoencoderKL`` / ``AutoencoderKLFlux2``.
+
+Tier 1 (CPU): tiny models from small configs with seeded random weights; the fast path runs
+under TRITON_INTERPRET. Install contracts (state dict, idempotence, closed gate bit-exact), the
+open gate close to lossless, fail-closed per module and per call, the fold caches, and
+``load_state_dict`` into an installed model.
+
+Tier 3 (``cuda``): SDXL- and Flux-architecture decoders at full width, bf16, 1024² output:
+high against lossless PSNR >= 50 dB, finite. (ComfyUI's classes are tier 2, elsewhere.)
+"""
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from fast_vae_decode.fastpath import cache, install, kl_ops, kl_settings
+from fast_vae_decode.fastpath.families import kl
+from fast_vae_decode.fastpath.gate import gate_for
+from fast_vae_decode.fastpath.kl_ops import FusedGroupNormSiLU
+from fast_vae_decode.kernels import group_norm_silu as group_norm_silu_module
+from fast_vae_decode.kernels.group_norm_silu import group_norm_silu_unsupported
+
+diffusers = pytest.importorskip("diffusers")
+
+TINY_LATENT = (1, 4, 8, 8)  # 16x16 output through two levels: small enough for the interpreter
+
+# fp32 on the CPU, open gate vs stock: the fast path reorders sums (Welford statistics split
+# over programs, folded upsample taps and attention projections computed in fp64 then rounded
+# to fp32, residual and bias adds regrouped). Each step is a few fp32 ULPs (~1e-7 relative) of
+# O(1) activations, compounded over ~10 layers; measured ~2e-6 of the output range. 1e-4 of
+# the range leaves 50x margin and still catches any real mistake (a wrong tap or a missing
+# bias moves outputs by O(1e-2) or more).
+REL_TOL = 1e-4
+
+
+def _init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """Seeded fan-in scaled normal weights, small biases, norms at 1/0 (as real VAEs are)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in model.modules():
+            is_norm = isinstance(module, (torch.nn.GroupNorm, torch.nn.BatchNorm2d))
+            for name, p in module.named_parameters(recurse=False):
+                if is_norm:
+                    v = torch.zeros(p.shape) if name == "bias" else torch.ones(p.shape)
+                elif p.ndim < 2:
+                    v = torch.randn(p.shape, generator=gen) * 0.01
+                else:
+                    v = torch.randn(p.shape, generator=gen) / math.sqrt(p[0].numel())
+                p.copy_(v.to(p.dtype))
+    return model.eval().requires_grad_(False)
+
+
+def _config(latent: int = 4, blocks=(32, 64), groups: int = 8, **extra) -> dict:
+    return dict(in_channels=3, out_channels=3, latent_channels=latent,
+                down_block_types=("DownEncoderBlock2D",) * len(blocks),
+                up_block_types=("UpDecoderBlock2D",) * len(blocks),
+                block_out_channels=blocks, layers_per_block=1, norm_num_groups=groups, **extra)
+
+
+def tiny_vae(seed: int = 0, **config) -> torch.nn.Module:
+    return _init_(diffusers.AutoencoderKL(**_config(**config)), seed)
+
+
+def _latent(shape=TINY_LATENT, seed=1, device="cpu", dtype=torch.float32):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
+
+
+def _decode(model, z, is_open=None):
+    with torch.no_grad():
+        if is_open is None:
+            return model.decode(z).sample, None
+        with gate_for(model).opened(is_open) as stats:
+            return model.decode(z).sample, stats
+
+
+def _rel_err(a, b):
+    return ((a.float() - b.float()).abs().max() / (b.float().max() - b.float().min())).item()
+
+
+# Fused modules of the tiny (32, 64) decoder with one layer per block: 2 res blocks + attention
+# in the mid block, 2 res blocks per up block (x2), 1 upsample, and the decoder itself.
+TINY_FUSED = 2 + 1 + 4 + 1 + 1
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """An installed tiny VAE, its uninstalled twin, a latent and the stock output."""
+    stock = tiny_vae()
+    model = copy.deepcopy(stock)
+    report = install.install_fast_path(model)
+    z = _latent()
+    return model, stock, z, _decode(stock, z)[0], report
+
+
+# --- install contracts ------------------------------------------------------------------------
+
+
+def test_install_recognises_and_fuses_every_module(tiny):
+    model, _, _, _, report = tiny
+    assert report.family == "kl"
+    assert report.fused == TINY_FUSED and report.skipped == {} and report.reason is None
+    assert isinstance(model.decoder.mid_block.resnets[0].norm1, FusedGroupNormSiLU)
+
+
+def test_install_keeps_state_dict_and_is_idempotent():
+    model = tiny_vae()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = {n: p for n, p in model.named_parameters()}
+    report = install.install_fast_path(model)
+    classes = {n: type(m) for n, m in model.named_modules()}
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert all(p is params[n] for n, p in model.named_parameters())  # same Parameter objects
+    assert install.install_fast_path(model) is report
+    # Installing again through the family itself changes nothing either.
+    again = install.InstallReport()
+    kl.install(model, gate_for(model), again)
+    assert again.fused == report.fused and again.skipped == report.skipped
+    assert {n: type(m) for n, m in model.named_modules()} == classes
+
+
+def test_closed_gate_is_bit_exact(tiny):
+    model, _, z, expected, _ = tiny
+    assert torch.equal(_decode(model, z)[0], expected)  # never opened
+    out, stats = _decode(model, z, is_open=False)
+    assert torch.equal(out, expected) and stats.fused_calls == 0
+
+
+def test_lossless_inside_an_open_gate_is_bit_exact(tiny):
+    model, _, z, expected, _ = tiny
+    with torch.no_grad(), gate_for(model).opened(True):
+        with gate_for(model).opened(False):
+            out = model.decode(z).sample
+    assert torch.equal(out, expected)
+
+
+def test_high_is_close_to_lossless_and_keeps_the_output_layout(tiny):
+    model, _, z, expected, _ = tiny
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fused_calls == TINY_FUSED and stats.fallbacks == {}
+    assert out.is_contiguous() and out.dtype == expected.dtype and out.shape == expected.shape
+    assert _rel_err(out, expected) < REL_TOL
+    assert not torch.equal(out, expected)  # the fast path really ran
+
+
+@pytest.mark.parametrize("setting, value", [
+    ("upsample", "subpixel"),  # the other fold of nearest-2x + 3x3 conv
+    ("upsample", "stock"),  # interpolate then the conv, channels-last
+    ("attention", "sdpa"),  # SDPA instead of chunked matmul + softmax
+    ("attention", "chunked"),
+    ("attention_fp32_scores", True),
+])
+def test_every_setting_stays_close(tiny, monkeypatch, setting, value):
+    model, _, z, expected, _ = tiny
+    monkeypatch.setattr(kl_settings.settings, setting, value)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {}
+    assert _rel_err(out, expected) < REL_TOL
+
+
+def test_flux2_and_flux_layouts_are_recognised():
+    flux = tiny_vae(latent=16, use_quant_conv=False, use_post_quant_conv=False)
+    assert install.install_fast_path(flux).fused == TINY_FUSED
+    flux2 = _init_(diffusers.AutoencoderKLFlux2(**_config(latent=8)), 0)
+    report = install.install_fast_path(flux2)
+    assert report.family == "kl" and report.fused == TINY_FUSED
+
+
+def test_bare_decoder_is_recognised_but_not_a_subclass():
+    decoder = tiny_vae().decoder
+    assert kl.matches(decoder)
+
+    class NotTheDecoder(type(decoder)):
+        pass
+
+    other = tiny_vae().decoder
+    other.__class__ = NotTheDecoder
+    assert not kl.matches(other)
+
+
+# --- fail closed ------------------------------------------------------------------------------
+
+
+def test_group_norm_static_check_agrees_with_the_kernel():
+    # (C, G): a KL width, a non-power-of-two group width inside the mask limit, one beyond it.
+    for c, g in [(64, 32), (96, 32), (384, 128)]:
+        norm = torch.nn.GroupNorm(g, c)
+        x = torch.zeros(1, c, 2, 2).contiguous(memory_format=torch.channels_last)
+        static = kl_ops.group_norm_static_reason(norm)
+        kernel = group_norm_silu_unsupported(x, norm.weight.detach(), norm.bias.detach(), g)
+        assert (static is None) == (kernel is None), (c, g, static, kernel)
+
+
+def test_unsupported_channel_counts_stay_stock_per_module(monkeypatch):
+    # Pretend the kernel takes at most 32 channels: the 64-channel modules must stay stock with
+    # a reason, the 32-channel ones still fuse, and both gates still decode correctly.
+    monkeypatch.setattr(kl_ops, "MAX_BLOCK_C", 32)
+    stock = tiny_vae()
+    model = copy.deepcopy(stock)
+    report = install.install_fast_path(model)
+    assert report.skipped and all("too wide" in r for r in report.skipped.values())
+    assert "decoder.mid_block.attentions.0" in report.skipped
+    assert "decoder.up_blocks.1.resnets.1" not in report.skipped  # 32 channels: fused
+    assert report.fused > 0
+    z = _latent()
+    expected = _decode(stock, z)[0]
+    assert torch.equal(_decode(model, z, is_open=False)[0], expected)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fused_calls > 0
+    assert _rel_err(out, expected) < REL_TOL
+
+
+def test_diffusers_decoder_with_an_odd_conv_in_stays_stock_alone():
+    model = tiny_vae()
+    model.decoder.conv_in = torch.nn.Conv3d(4, 64, 3, padding=1)
+    report = install.InstallReport()
+    kl.install(model, gate_for(model), report)
+    # The blocks still fuse (they work on their own); the decoder is left stock with a reason.
+    assert report.fused == TINY_FUSED - 1 and "Conv3d" in report.skipped["decoder"]
+
+
+def _comfy_named(name: str, base=torch.nn.Module, module="comfy.ldm.modules.diffusionmodules.model"):
+    """A stand-in class with ComfyUI's qualified name (recognition is by name only)."""
+    return type(name, (base,), {"__module__": module})
+
+
+def test_comfy_classes_are_recognised_by_name_and_3d_fails_closed():
+    decoder = _comfy_named("Decoder")()
+    decoder.conv_in = torch.nn.Conv3d(4, 8, 3)  # Decoder(conv3d=True) builds VideoConv3d/Conv3d
+    engine = _comfy_named("AutoencodingEngine", module="comfy.ldm.models.autoencoder")
+    kl_model = _comfy_named("AutoencoderKL", base=engine, module="comfy.ldm.models.autoencoder")
+    model = kl_model()
+    model.decoder = decoder
+    assert kl.matches(model)  # AutoencoderKL, and its base AutoencodingEngine (Flux), by MRO
+    report = install.InstallReport()
+    kl.install(model, gate_for(model), report)
+    assert report.fused == 0 and "3-D" in report.reason
+    # A subclass of ComfyUI's Decoder (temporal_ae.VideoDecoder) is not the KL decoder.
+    model.decoder = _comfy_named("VideoDecoder", base=type(decoder),
+                                 module="comfy.ldm.modules.temporal_ae")()
+    assert not kl.matches(model)
+
+
+def test_comfy_low_vram_cast_sends_that_module_to_stock(tiny, monkeypatch):
+    model, _, z, expected, _ = tiny
+    block = model.decoder.up_blocks[0].resnets[0]
+    monkeypatch.setattr(block.conv1, "comfy_cast_weights", True, raising=False)
+    out, stats = _decode(model, z, is_open=True)
+    assert any("low-VRAM" in r for r in stats.fallbacks)
+    assert stats.fused_calls == TINY_FUSED - 1
+    assert _rel_err(out, expected) < REL_TOL
+
+
+@pytest.mark.parametrize("why", ["compiling", "no triton", "autograd"])
+def test_unavailable_fast_path_is_bit_exact(tiny, monkeypatch, why):
+    model, _, z, expected, _ = tiny
+    if why == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    elif why == "no triton":  # what a CPU tensor without TRITON_INTERPRET gets, everywhere
+        for where in (kl_ops, group_norm_silu_module):
+            monkeypatch.setattr(where, "triton_unavailable_reason", lambda x=None: "cpu tensor")
+    with gate_for(model).opened(True) as stats:
+        if why == "autograd":
+            model.requires_grad_(True)
+            try:
+                out = model.decode(z).sample.detach()
+            finally:
+                model.requires_grad_(False)
+        else:
+            with torch.no_grad():
+                out = model.decode(z).sample
+    assert torch.equal(out, expected)
+    assert stats.fused_calls == 0
+
+
+def test_a_declining_child_gets_a_contiguous_input(tiny, monkeypatch):
+    # The attention block declines inside the channels-last decode: it must still see the
+    # layout the stock code expects, and the decode must still be right.
+    model, _, z, expected, _ = tiny
+    attn = model.decoder.mid_block.attentions[0]
+    seen = []
+    monkeypatch.setattr(attn, "fast_unsupported", lambda x, *a, **k: "test says no",
+                        raising=False)
+    hook = attn.register_forward_pre_hook(lambda m, args: seen.append(args[0].is_contiguous()))
+    try:
+        out, stats = _decode(model, z, is_open=True)
+    finally:
+        hook.remove()
+    assert seen == [True] and stats.fallbacks == {"test says no": 1}
+    assert _rel_err(out, expected) < REL_TOL
+
+
+def test_standalone_norm_takes_the_kernel_only_for_channels_last(tiny):
+    model = tiny[0]
+    norm = model.decoder.conv_norm_out
+    x = _latent((1, 32, 4, 4))
+    expected = torch.nn.functional.group_norm(x, norm.num_groups, norm.weight, norm.bias, norm.eps)
+    with torch.no_grad(), gate_for(model).opened(True) as stats:
+        contiguous = norm(x)
+        channels_last = norm(x.contiguous(memory_format=torch.channels_last))
+    assert torch.equal(contiguous, expected)
+    assert stats.fused_calls == 1 and stats.fallbacks == {}  # contiguous: stock, not a fallback
+    assert channels_last.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(channels_last, expected, rtol=1e-5, atol=1e-5)  # fp32 reordering
+
+
+# --- caches and weights -----------------------------------------------------------------------
+
+
+def test_fold_caches_appear_after_a_fast_decode_and_drop():
+    model = tiny_vae()
+    install.install_fast_path(model)
+    assert cache.cache_bytes(model) == 0  # lazily built: nothing before the first fast decode
+    _decode(model, _latent(), is_open=True)
+    attn = model.decoder.mid_block.attentions[0]
+    upsample = model.decoder.up_blocks[0].upsamplers[0]
+    assert "attention_fold" in attn.__dict__["_fvd_cache"]
+    assert "upsample_fold" in upsample.__dict__["_fvd_cache"]
+    assert cache.cache_bytes(model) > 0
+    keys = list(model.state_dict())
+    assert cache.drop_fast_path_caches(model) > 0
+    assert cache.cache_bytes(model) == 0 and list(model.state_dict()) == keys
+
+
+def test_load_state_dict_into_an_installed_model():
+    model = tiny_vae(seed=0)
+    install.install_fast_path(model)
+    z = _latent()
+    _decode(model, z, is_open=True)  # caches now hold folds of the seed-0 weights
+    other = tiny_vae(seed=5)
+    model.load_state_dict(other.state_dict())
+    expected = _decode(other, z)[0]
+    assert torch.equal(_decode(model, z, is_open=False)[0], expected)
+    out, _ = _decode(model, z, is_open=True)
+    assert _rel_err(out, expected) < REL_TOL  # stale folds would be far off
+
+
+# --- tier 3: full-size decoders on the GPU ----------------------------------------------------
+
+
+def _psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """PSNR of ``out`` against ``ref`` with the reference's own range as the peak."""
+    out, ref = out.double(), ref.double()
+    mse = (out - ref).pow(2).mean().item()
+    peak = (ref.max() - ref.min()).item()
+    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+FULL = {
+    "sdxl": dict(latent=4, blocks=(128, 256, 512, 512), groups=32),
+    "flux": dict(latent=16, blocks=(128, 256, 512, 512), groups=32,
+                 use_quant_conv=False, use_post_quant_conv=False),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", sorted(FULL))
+def test_full_size_high_vs_lossless_psnr(arch):
+    config = _config(**FULL[arch])
+    config["layers_per_block"] = 2
+    model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)
+    report = install.install_fast_path(model)
+    assert report.fused == 2 + 1 + 4 * 3 + 3 + 1 and not report.skipped
+    z = _latent((1, FULL[arch]["latent"], 128, 128), device="cuda", dtype=torch.bfloat16)
+    lossless, _ = _decode(model, z, is_open=False)
+    high, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and stats.fused_calls == report.fused
+    assert torch.isfinite(high).all()
+    assert high.is_contiguous() and high.shape == lossless.shape == (1, 3, 1024, 1024)
+    assert _psnr(high, lossless) >= 50.0
