@@ -1,0 +1,256 @@
+"""The Wan VAE decode loop without its quadratic copying, and the decoder's precision.
+
+Stock ``WanVAE.decode`` (ComfyUI) and ``AutoencoderKLWan._decode`` (diffusers) run the decoder
+one latent frame at a time and grow the output with ``torch.cat([out, chunk], 2)`` after every
+frame: O(frames^2) bytes copied, and two whole outputs alive at once. ``assemble_frames`` writes
+each chunk into one preallocated output instead. It stores the very same values (a copy is a
+copy) in the layout ``torch.cat`` gives contiguous chunks, so the result is ``torch.equal`` to
+stock (the tests prove it on every supported class) and it runs whether the gate is open or
+closed: lossless decodes get faster too.
+
+The loop replaced must be one we know: the stock method's referenced names are compared with
+those of the supported versions (``KNOWN_LOOPS``); any other version keeps its own loop.
+
+The same top-level mixins carry the decode precision set by ``precision.py``: latents are cast
+to the decoder's dtype on the way in, images to the encoder's, and an fp16 decode whose output
+is not finite is done again in bf16 (said once in the log) rather than returning NaN/Inf.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Callable
+
+import torch
+
+from .log import log_once
+from .module_clone import clone_module, tensor_copier
+from .recognize import class_names
+from .swap import swap_in
+
+COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
+COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
+DIFFUSERS_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan.AutoencoderKLWan"
+
+_CAT_LOOP = {"cat", "conv2", "decoder", "range", "shape", "torch"}
+# Names each supported stock loop references: (stock class, method) -> accepted name sets.
+KNOWN_LOOPS = {
+    (COMFY_WAN21, "decode"): (
+        frozenset(_CAT_LOOP | {"count_conv3d"}),  # 0.3.64 and 0.8.0
+    ),
+    (COMFY_WAN22, "decode"): (
+        frozenset(_CAT_LOOP | {"count_conv3d", "unpatchify"}),  # 0.8.0
+        frozenset(_CAT_LOOP | {"clear_cache", "_feat_map", "_conv_idx", "unpatchify"}),  # 0.3.64
+    ),
+    (DIFFUSERS_WAN, "_decode"): (
+        frozenset({"shape", "tile_sample_min_height", "spatial_compression_ratio",
+                   "tile_sample_min_width", "use_tiling", "tiled_decode", "clear_cache",
+                   "post_quant_conv", "range", "_conv_idx", "decoder", "_feat_map", "torch",
+                   "cat", "config", "patch_size", "unpatchify", "clamp", "DecoderOutput"}),
+    ),
+}
+
+_NOT_FINITE_FP16 = ("fp16 overflowed in the Wan decoder (non-finite output); this latent was "
+                    "decoded again in bf16 -- choose bf16 for this VAE to skip the double work")
+
+
+def assemble_frames(step: Callable[[int], torch.Tensor], frames: int) -> torch.Tensor:
+    """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame.
+
+    ``step(i)`` must be called in order (it advances the decoder's frame cache). The output is
+    allocated once the second chunk shows how many frames a later chunk has (the first one
+    differs: Wan upsamples time 4x except for the first latent frame); a chunk that does not fit
+    that plan is concatenated instead, so any chunk sizes give the stock result.
+    """
+    first = step(0)
+    if frames == 1:
+        return first  # stock returns the decoder's output itself
+    second = step(1)
+    per = second.shape[2]
+    total = first.shape[2] + per * (frames - 1)
+    out = torch.empty(first.shape[:2] + (total,) + first.shape[3:], dtype=first.dtype,
+                      device=first.device)
+    pos, extra = 0, []
+    for i in range(frames):
+        chunk = first if i == 0 else second if i == 1 else step(i)
+        if i == 0:
+            first = None  # the output holds it now; drop the reference before the next step
+        elif i == 1:
+            second = None
+        n = chunk.shape[2]
+        fits = (not extra and pos + n <= total and chunk.dtype == out.dtype
+                and chunk.device == out.device and chunk.shape[:2] == out.shape[:2]
+                and chunk.shape[3:] == out.shape[3:])
+        if fits:
+            out[:, :, pos:pos + n].copy_(chunk)
+            pos += n
+        else:
+            extra.append(chunk)
+    if extra or pos != total:
+        return torch.cat([out[:, :, :pos]] + extra, 2)
+    return out
+
+
+def stock_loop_reason(model: torch.nn.Module) -> str | None:
+    """None when ``model``'s stock decode loop is one ``KNOWN_LOOPS`` lists."""
+    stock = type(model).__dict__.get("_fvd_stock_class", type(model))
+    name = f"{stock.__module__}.{stock.__qualname__}"
+    for (cls_name, method), accepted in KNOWN_LOOPS.items():
+        if cls_name != name:
+            continue
+        code = getattr(getattr(stock, method, None), "__code__", None)
+        if code is None or frozenset(code.co_names) not in accepted:
+            return f"unrecognised {name}.{method} (a newer version?)"
+        return None
+    return f"no known decode loop for {name}"
+
+
+def _stock_module(model) -> object:
+    stock = type(model).__dict__.get("_fvd_stock_class", type(model))
+    return sys.modules[stock.__module__]
+
+
+# --- precision -----------------------------------------------------------------------------
+
+
+def _cast(x, dtype):
+    return x.to(dtype) if dtype is not None and isinstance(x, torch.Tensor) and x.dtype != dtype else x
+
+
+def decoder_side(model) -> tuple[str, ...]:
+    return ("decoder", "post_quant_conv") if DIFFUSERS_WAN in class_names(model) else ("decoder", "conv2")
+
+
+def decoder_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A temporary model sharing ``model``'s encoder, with a ``dtype`` copy of its decoder side."""
+    side = decoder_side(model)
+    device = next(getattr(model, side[0]).parameters()).device
+    twin = clone_module(model, tensor_copier(device, lambda path: dtype),
+                        share=lambda path: path not in side)
+    install_decode_loop(twin)
+    twin.__dict__["_fvd_decoder_dtype"] = dtype
+    return twin
+
+
+def _images(out) -> torch.Tensor:
+    """The image tensor of a decode result (a tensor, diffusers' tuple or ``DecoderOutput``)."""
+    if isinstance(out, torch.Tensor):
+        return out
+    return out[0] if isinstance(out, tuple) else out.sample
+
+
+def _finite_or_redecode(model, out, redecode: Callable[[torch.nn.Module], object]):
+    """``out`` unless an fp16 decoder overflowed; then ``redecode`` on a bf16 twin of it."""
+    if model.__dict__.get("_fvd_decoder_dtype") is not torch.float16:
+        return out
+    if bool(torch.isfinite(_images(out)).all()):
+        return out
+    log_once(f"fp16-overflow:{id(model)}", _NOT_FINITE_FP16, logging.WARNING)
+    del out
+    again = redecode(decoder_twin(model, torch.bfloat16))
+    if not bool(torch.isfinite(_images(again)).all()):
+        raise RuntimeError("Wan VAE decode gave non-finite values in fp16 and again in bf16: the "
+                           "latent or the VAE weights are broken (try fp32 to check)")
+    return again
+
+
+# --- the mixins ------------------------------------------------------------------------------
+
+
+class ComfyWanDecodeLoop:
+    """ComfyUI ``WanVAE`` (Wan 2.1/Qwen-Image ``vae``, Wan 2.2 ``vae2_2``): decode + precision."""
+
+    _fvd_loop: bool = False
+
+    def decode(self, z, *args, **kwargs):
+        z = _cast(z, self.__dict__.get("_fvd_decoder_dtype"))
+        if args or kwargs or not self._fvd_loop or not isinstance(z, torch.Tensor) or z.shape[2] < 1:
+            out = super().decode(z, *args, **kwargs)
+        else:
+            out = _comfy_decode(self, z)
+        return _finite_or_redecode(self, out, lambda twin: twin.decode(z.to(torch.bfloat16)))
+
+    def encode(self, x, *args, **kwargs):
+        return super().encode(_cast(x, self.__dict__.get("_fvd_encoder_dtype")), *args, **kwargs)
+
+
+def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
+    module = _stock_module(model)
+    wan22 = module.__name__.endswith("vae2_2")
+    # 0.3.64's Wan 2.2 keeps its cache on the model (clear_cache); the others in locals. Both
+    # start every decode from an empty cache, and so does this loop.
+    if hasattr(model, "clear_cache"):
+        model.clear_cache()
+    feat_map = [None] * module.count_conv3d(model.decoder)
+    x = model.conv2(z)
+
+    def step(i: int) -> torch.Tensor:
+        extra = {"first_chunk": True} if wan22 and i == 0 else {}
+        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
+
+    out = assemble_frames(step, z.shape[2])
+    if wan22:
+        out = module.unpatchify(out, patch_size=2)
+    return out
+
+
+class DiffusersWanDecodeLoop:
+    """diffusers ``AutoencoderKLWan``: ``_decode`` + precision (``_encode`` for the encoder)."""
+
+    _fvd_loop: bool = False
+
+    def _decode(self, z, return_dict: bool = True, *args, **kwargs):
+        z = _cast(z, self.__dict__.get("_fvd_decoder_dtype"))
+        if args or kwargs or not self._fvd_loop or self.use_tiling or z.shape[2] < 1:
+            out = super()._decode(z, return_dict, *args, **kwargs)
+        else:
+            out = _diffusers_decode(self, z, return_dict)
+        return _finite_or_redecode(self, out, lambda twin: twin._decode(z.to(torch.bfloat16), return_dict))
+
+    def _encode(self, x, *args, **kwargs):
+        return super()._encode(_cast(x, self.__dict__.get("_fvd_encoder_dtype")), *args, **kwargs)
+
+
+def _diffusers_decode(model, z: torch.Tensor, return_dict: bool):
+    module = _stock_module(model)
+    model.clear_cache()
+    x = model.post_quant_conv(z)
+
+    def step(i: int) -> torch.Tensor:
+        model._conv_idx = [0]
+        extra = {"first_chunk": True} if i == 0 else {}
+        return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map, feat_idx=model._conv_idx, **extra)
+
+    out = assemble_frames(step, z.shape[2])
+    if model.config.patch_size is not None:
+        out = module.unpatchify(out, patch_size=model.config.patch_size)
+    out = torch.clamp(out, min=-1.0, max=1.0)
+    model.clear_cache()
+    if not return_dict:
+        return (out,)
+    return module.DecoderOutput(sample=out)
+
+
+def _mixin_for(model) -> type | None:
+    names = class_names(model)
+    if COMFY_WAN21 in names or COMFY_WAN22 in names:
+        return ComfyWanDecodeLoop
+    if DIFFUSERS_WAN in names:
+        return DiffusersWanDecodeLoop
+    return None
+
+
+def install_decode_loop(model: torch.nn.Module) -> str | None:
+    """Give ``model`` the top-level mixin; returns why the preallocated loop is off, if it is.
+
+    The mixin goes in even when the loop is not recognised (``_fvd_loop`` stays False and the
+    stock loop runs): the precision casts live in it too. Idempotent.
+    """
+    mixin = _mixin_for(model)
+    if mixin is None:
+        return f"not a Wan VAE ({type(model).__name__})"
+    if not swap_in(model, mixin) and not isinstance(model, mixin):
+        return f"{type(model).__name__} already has another fast-path class"
+    reason = stock_loop_reason(model)
+    model.__dict__["_fvd_loop"] = reason is None
+    return reason

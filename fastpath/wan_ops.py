@@ -1,0 +1,225 @@
+"""Shared pieces of the Wan VAE fused modules: per-call checks, channels-last-3d helpers and
+the causal 3-D convolution with its frame cache.
+
+The Wan decoder runs one latent frame at a time. Every causal conv with a temporal kernel of 3
+keeps the last ``CACHE_T`` frames of its input (``feat_cache[idx]``) and puts them in front of
+the next chunk instead of zero padding. The helpers here reproduce that contract exactly, only
+in channels-last-3d and without the separate ``torch.cat`` + ``F.pad`` copies of the stock
+module (one buffer, spatial zero padding done by the convolution itself).
+
+Everything a fused module reads directly (weights, biases) is checked per call: ComfyUI may
+move, cast or patch weights between decodes (low-VRAM mode sets ``comfy_cast_weights`` and
+casts inside the stock ``forward``; patches add ``weight_function``s).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels.backend import triton_unavailable_reason
+from ..kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
+from .cache import cached
+
+CL3D = torch.channels_last_3d
+CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
+FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def to_cl3d(x: torch.Tensor) -> torch.Tensor:
+    return x.contiguous(memory_format=CL3D)
+
+
+def to_cl(x: torch.Tensor) -> torch.Tensor:
+    """Channels-last in the tensor's own rank (4-D images or 5-D video)."""
+    return x.contiguous(memory_format=CL3D if x.dim() == 5 else torch.channels_last)
+
+
+# --- checks --------------------------------------------------------------------------------
+
+
+def first_reason(*reasons):
+    return next((r for r in reasons if r is not None), None)
+
+
+def tensor_reason(x, dims: int = 5) -> str | None:
+    """Per-call checks on a fused module's input."""
+    if not isinstance(x, torch.Tensor):
+        return "input is not a tensor"
+    reason = triton_unavailable_reason(x)
+    if reason is not None:
+        return reason
+    if x.dim() != dims:
+        return f"{x.dim()}-D input (needs {dims}-D)"
+    if x.dtype not in FAST_DTYPES:
+        return f"dtype {x.dtype}"
+    if x.numel() == 0:
+        return "empty tensor"
+    if torch.is_grad_enabled() and x.requires_grad:
+        return "autograd (the fused kernels have no backward)"
+    return None
+
+
+def comfy_cast_reason(module: torch.nn.Module) -> str | None:
+    """Why ComfyUI's ops would compute ``module`` differently from its raw weights."""
+    if getattr(module, "comfy_cast_weights", False):
+        return "weights cast per call (ComfyUI low-VRAM mode)"
+    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
+        return "ComfyUI weight patches"
+    return None
+
+
+def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Per-call: ``F.conv*`` on the conv's raw weights computes what its stock forward does."""
+    reason = comfy_cast_reason(conv)
+    if reason is not None:
+        return reason
+    for p in (conv.weight, conv.bias):
+        if p is None:
+            continue
+        if p.device != x.device:
+            return f"weights on {p.device}, input on {x.device}"
+        if p.dtype != x.dtype:  # F.conv3d does not mix dtypes; the stock path raises or casts
+            return f"weights in {p.dtype}, input in {x.dtype}"
+        if torch.is_grad_enabled() and p.requires_grad:
+            return "autograd (the fused kernels have no backward)"
+    return None
+
+
+def norm_reason(norm: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Per-call: ``rms_norm_silu`` takes ``x`` once it is channels-last.
+
+    The kernel's own check wants a channels-last tensor; ``x`` is converted only in the fast
+    path, so the check sees a one-pixel channels-last view of ``x`` (same device, dtype, channel
+    count), which is all it needs besides the layout.
+    """
+    reason = comfy_cast_reason(norm)
+    if reason is not None:
+        return reason
+    channels = x.shape[1]
+    probe = x.as_strided((1, channels) + (1,) * (x.dim() - 2), (channels, 1) + (channels,) * (x.dim() - 2))
+    return rms_norm_silu_unsupported(probe, norm.gamma, norm.bias)
+
+
+def cache_entry_reason(feat_cache, feat_idx, count: int) -> str | None:
+    """Per-call: the ``count`` cache slots a module will use hold tensors or nothing."""
+    if feat_cache is None:
+        return None
+    if not isinstance(feat_cache, list) or not isinstance(feat_idx, list) or not feat_idx:
+        return "frame cache is not a list"
+    idx = feat_idx[0]
+    if not isinstance(idx, int) or idx < 0 or idx + count > len(feat_cache):
+        return "frame cache index out of range"
+    for entry in feat_cache[idx:idx + count]:
+        if entry is not None and not isinstance(entry, torch.Tensor):
+            return f"frame cache holds a {type(entry).__name__}"
+    return None
+
+
+# --- static structure (checked at install) ---------------------------------------------------
+
+
+def causal_conv_static_reason(conv: torch.nn.Module, kernel_t: int | None = None) -> str | None:
+    """Why ``causal_conv3d`` cannot stand in for ``conv`` (a stock causal conv)."""
+    if not isinstance(conv, torch.nn.Conv3d):
+        return f"conv is a {type(conv).__name__}, not a Conv3d"
+    pad = getattr(conv, "_padding", None)
+    if not isinstance(pad, tuple) or len(pad) != 6:
+        return "conv has no causal padding"
+    if tuple(conv.padding) != (0, 0, 0) or conv.padding_mode != "zeros":
+        return "conv pads by itself"
+    if pad[0] != pad[1] or pad[2] != pad[3] or pad[5] != 0 or pad[4] > CACHE_T:
+        return f"causal padding {pad}"
+    if kernel_t is not None and conv.kernel_size[0] != kernel_t:
+        return f"temporal kernel {conv.kernel_size[0]}"
+    return None
+
+
+def rms_norm_static_reason(norm: torch.nn.Module) -> str | None:
+    gamma = getattr(norm, "gamma", None)
+    if not isinstance(gamma, torch.Tensor):
+        return f"norm is a {type(norm).__name__} without gamma"
+    if not getattr(norm, "channel_first", False):
+        return "channel-last RMS norm"
+    channels = gamma.shape[0]
+    if abs(float(norm.scale) - channels**0.5) > 1e-6 * channels**0.5:
+        return "RMS norm scale is not sqrt(channels)"
+    bias = getattr(norm, "bias", None)
+    if bias is not None and not isinstance(bias, (torch.Tensor, int, float)):
+        return f"RMS norm bias is a {type(bias).__name__}"
+    return None
+
+
+# --- compute -------------------------------------------------------------------------------
+
+
+def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
+    """RMS norm (+ SiLU) of channels-last ``x``; raises if the kernel declines.
+
+    Callers check ``norm_reason`` first, so a decline here means the checks and the kernel
+    disagree; raising sends the caller to its stock path (before any state was changed).
+    """
+    y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu)
+    if y is None:
+        raise RuntimeError("rms_norm_silu declined: "
+                           + str(rms_norm_silu_unsupported(x, norm.gamma, norm.bias)))
+    return y
+
+
+def conv_weight(conv: torch.nn.Module, fmt: torch.memory_format) -> torch.Tensor:
+    """The conv weight in ``fmt``: built once per weight version, dropped on unload.
+
+    cuDNN runs channels-last activations against a channels-last weight; handing it the
+    contiguous one makes PyTorch convert the weight on every call.
+    """
+    weight = conv.weight
+    if weight.is_contiguous(memory_format=fmt):
+        return weight
+    return cached(conv, f"weight:{fmt}", (weight,), lambda: weight.detach().contiguous(memory_format=fmt))
+
+
+def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,
+                  keep_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A stock causal conv applied to channels-last-3d ``x`` after the cached frames ``prev``.
+
+    Returns ``(output, next cache)``; the next cache (only with ``keep_cache``) is what the
+    stock block stores for this conv: the last ``CACHE_T`` frames of ``prev ++ x`` (just ``x``
+    when that is one frame and there is no ``prev``), as a new tensor.
+
+    The stock module concatenates ``prev`` and ``x`` and zero-pads time and space with
+    ``F.pad`` (two copies); here time is assembled in one channels-last-3d buffer and the
+    spatial zero padding is the convolution's own ``padding``, which computes the same sums.
+    ``prev`` counts only when the conv pads time (the stock rule), and fills the front of the
+    temporal padding; the rest stays zero.
+    """
+    pad_w, _, pad_h, _, pad_t, _ = conv._padding
+    frames = x.shape[2]
+    uses_prev = prev is not None and pad_t > 0
+    n_prev = prev.shape[2] if uses_prev else 0
+    zeros = pad_t - n_prev
+    if zeros < 0:
+        raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pad_t}")
+    if pad_t == 0:
+        inp = x
+    else:
+        shape = list(x.shape)
+        shape[2] = zeros + n_prev + frames
+        inp = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+        if zeros:
+            inp[:, :, :zeros].zero_()
+        if n_prev:
+            inp[:, :, zeros:zeros + n_prev].copy_(prev)
+        inp[:, :, zeros + n_prev:].copy_(x)
+    cache = None
+    if keep_cache:
+        if pad_t > 0:
+            # The frames after the zero padding are exactly prev ++ x.
+            start = max(zeros, inp.shape[2] - CACHE_T)
+            cache = inp[:, :, start:].clone(memory_format=CL3D)
+        elif frames < CACHE_T and prev is not None:
+            cache = to_cl3d(torch.cat([prev[:, :, -1:].to(x.device), x], dim=2))
+        else:
+            cache = x[:, :, -CACHE_T:].clone(memory_format=CL3D)
+    out = F.conv3d(inp, conv_weight(conv, CL3D), conv.bias, conv.stride, (0, pad_h, pad_w),
+                   conv.dilation, conv.groups)
+    # cuDNN keeps channels-last-3d; some CPU conv paths return contiguous output.
+    return to_cl3d(out), cache

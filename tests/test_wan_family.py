@@ -1,0 +1,247 @@
+"""The Wan VAE family on diffusers ``AutoencoderKLWan`` (tier 1: CPU, Triton interpreted).
+
+Install contracts (state dict, idempotence, fail closed), lossless == stock bit for bit (with
+the preallocated decode loop in place), high close to lossless, and the frame cache surviving
+a fused block that fails halfway. Tier 3 (``cuda``): a Wan 2.1-sized decode at 480x832.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from wan_models import latent, psnr, tiny_wan
+
+from fast_vae_decode.fastpath import wan_modules
+from fast_vae_decode.fastpath.gate import gate_for
+from fast_vae_decode.fastpath.install import install_fast_path
+from fast_vae_decode.fastpath.swap import is_swapped
+from fast_vae_decode.fastpath.wan_decode import assemble_frames
+from fast_vae_decode.fastpath.wan_modules import (
+    FusedRMSNorm,
+    FusedWanAttention,
+    FusedWanCausalConv3d,
+    FusedWanResidualBlock,
+)
+
+# (model kind, latent shape)
+CASES = [
+    ("wan21", (1, 4, 2, 4, 6)),  # the plain case: a first chunk and one steady-state chunk
+    ("wan21", (1, 4, 3, 3, 5)),  # odd latent height/width; a third chunk reads caches that a
+    # steady-state chunk wrote (2-frame caches, no zero padding left)
+    ("wan21", (2, 4, 2, 4, 6)),  # batch 2: a time slice of a channels-last-3d batch is not dense
+    ("wan21", (1, 4, 1, 4, 6)),  # one latent frame: the decode loop returns the chunk itself
+    ("wan22", (1, 8, 2, 4, 6)),  # Wan 2.2: residual up blocks, DupUp3D shortcuts, unpatchify
+    ("wan22", (1, 8, 3, 3, 5)),  # Wan 2.2 with odd sizes and a third chunk
+]
+IDS = [f"{k}-{'x'.join(map(str, s))}" for k, s in CASES]
+
+
+def stock_decode(model, z):
+    """diffusers' own ``_decode`` (its cat loop), whatever is installed on ``model``."""
+    stock = type(model).__dict__.get("_fvd_stock_class", type(model))
+    return stock._decode(model, z).sample
+
+
+@pytest.fixture(scope="module")
+def models():
+    """One stock and one installed model per kind (same seed, same weights)."""
+    out = {}
+    for kind in ("wan21", "wan22"):
+        installed = tiny_wan(kind)
+        out[kind] = (tiny_wan(kind), installed, install_fast_path(installed))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+def test_installs_every_decoder_module(models, kind):
+    _, model, report = models[kind]
+    assert report.family == "wan" and report.reason is None and report.skipped == {}
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d, WanResidualBlock
+
+    decoder = model.decoder
+    assert all(isinstance(m, FusedWanResidualBlock) for m in decoder.modules()
+               if isinstance(m, WanResidualBlock))
+    assert all(isinstance(m, FusedWanCausalConv3d) for m in decoder.modules()
+               if isinstance(m, WanCausalConv3d))
+    kinds = {type(m).__mro__[1] for m in decoder.modules() if is_swapped(m)}
+    assert {FusedWanResidualBlock, FusedWanCausalConv3d, FusedWanAttention, FusedRMSNorm} <= kinds
+    assert not any(is_swapped(m) for m in model.encoder.modules())  # the encoder stays stock
+    assert model._fvd_loop is True  # diffusers' _decode is a loop this version knows
+
+
+def test_state_dict_unchanged_and_install_idempotent():
+    model = tiny_wan("wan21")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    params = dict(model.named_parameters())
+    report = install_fast_path(model)
+    classes = [type(m) for m in model.modules()]
+    assert install_fast_path(model) is report  # installs once per model
+    from fast_vae_decode.fastpath.families.wan import install
+
+    again = type(report)()
+    install(model, gate_for(model), again)  # a second install swaps nothing more
+    assert again.fused == 1 and [type(m) for m in model.modules()] == classes  # (the decode loop
+    # counts once more; every module class stays as it was)
+    after = model.state_dict()
+    assert list(after) == list(before)
+    assert all(torch.equal(after[k], before[k]) for k in before)
+    assert all(p is params[n] for n, p in model.named_parameters())
+    model.load_state_dict(before)  # loading a checkpoint into an installed model still works
+
+
+@pytest.mark.parametrize("kind,shape", CASES, ids=IDS)
+def test_lossless_is_stock_bit_for_bit(models, kind, shape):
+    stock, model, _ = models[kind]
+    z = latent(shape)
+    with torch.no_grad():
+        expected = stock.decode(z).sample
+        with gate_for(model).opened(False):
+            got = model.decode(z).sample
+    assert torch.equal(got, expected)
+    assert got.stride() == expected.stride()
+
+
+@pytest.mark.parametrize("kind,shape,is_open", [
+    CASES[1] + (False,),  # lossless: what the lossless tests above also show, stated directly
+    CASES[5] + (True,),  # fused modules inside: the loop is exact on the fast path too
+], ids=[IDS[1] + "-closed", IDS[5] + "-open"])
+def test_preallocated_loop_equals_cat_loop(models, kind, shape, is_open):
+    """The loop changes no value: same result as the stock cat loop on the same modules."""
+    _, model, _ = models[kind]
+    z = latent(shape, seed=1)
+    with torch.no_grad(), gate_for(model).opened(is_open):
+        assert torch.equal(model.decode(z).sample, stock_decode(model, z))
+
+
+def test_assemble_frames_takes_any_chunk_sizes():
+    chunks = [torch.randn(2, 3, n, 4, 5) for n in (1, 4, 4, 2, 4, 4)]  # a short chunk mid-way:
+    # the preallocated plan breaks and the rest is concatenated
+    got = assemble_frames(lambda i: chunks[i], len(chunks))
+    assert torch.equal(got, torch.cat(chunks, 2)) and got.is_contiguous()
+    assert assemble_frames(lambda i: chunks[0], 1) is chunks[0]
+
+
+@pytest.mark.parametrize("kind,shape", CASES, ids=IDS)
+def test_high_close_to_lossless(models, kind, shape):
+    stock, model, _ = models[kind]
+    z = latent(shape)
+    with torch.no_grad():
+        expected = stock.decode(z).sample
+        with gate_for(model).opened(True) as stats:
+            got = model.decode(z).sample
+    assert stats.fallbacks == {} and stats.fused_calls > 0
+    assert got.shape == expected.shape and torch.isfinite(got).all()
+    # fp32 throughout: the fused norm sums squares in another order and the channels-last convs
+    # use other CPU kernels, each ~1e-7 relative; ~15 layers deep on outputs of magnitude ~1.
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypatch):
+    """A fused block that raises after its first conv must not have touched feat_cache.
+
+    Reference: the same model with every fused block disabled up front (stock blocks, the other
+    fused modules still fast). If a failing block had stored its new cache or advanced
+    feat_idx, the stock re-run would read the wrong frames and the outputs would differ.
+    """
+    z = latent((1, 4, 3, 3, 5), seed=2)
+    reference = tiny_wan("wan21")
+    install_fast_path(reference)
+    for m in reference.modules():
+        if isinstance(m, FusedWanResidualBlock):
+            m._fvd_disabled = "test"
+    with torch.no_grad(), gate_for(reference).opened(True):
+        expected = reference.decode(z).sample
+
+    model = tiny_wan("wan21")
+    install_fast_path(model)
+    real = wan_modules.causal_conv3d
+    calls = {"n": 0}
+
+    def second_conv_fails(conv, x, prev, keep_cache=False):
+        calls["n"] += 1
+        if keep_cache and calls["n"] % 2 == 0:  # a block's conv2, after conv1 made its cache
+            raise RuntimeError("injected")
+        return real(conv, x, prev, keep_cache)
+
+    monkeypatch.setattr(wan_modules, "causal_conv3d", second_conv_fails)
+    with torch.no_grad(), gate_for(model).opened(True) as stats:
+        got = model.decode(z).sample
+    assert any("kernel error" in r for r in stats.fallbacks)
+    assert torch.equal(got, expected)
+
+
+def test_cpu_without_interpreter_takes_the_exact_stock_path(models, monkeypatch):
+    stock, model, _ = models["wan21"]
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    z = latent((1, 4, 2, 4, 6), seed=3)
+    with torch.no_grad():
+        with gate_for(model).opened(True) as stats:
+            got = model.decode(z).sample
+        assert torch.equal(got, stock.decode(z).sample)
+    assert stats.fused_calls == 0 and "cpu tensor" in stats.fallbacks
+
+
+def test_weights_cast_per_call_leave_that_block_stock():
+    """ComfyUI low-VRAM mode flags a conv ``comfy_cast_weights``: its block runs stock."""
+    model = tiny_wan("wan21")
+    install_fast_path(model)
+    block = model.decoder.up_blocks[0].resnets[0]
+    block.conv1.comfy_cast_weights = True
+    z = latent((1, 4, 1, 4, 6))
+    with torch.no_grad(), gate_for(model).opened(True) as stats:
+        model.decode(z)
+    assert stats.fallbacks.get("weights cast per call (ComfyUI low-VRAM mode)", 0) >= 1
+    assert block._fvd_disabled is None  # a per-call reason, not a broken module
+
+
+def test_autograd_takes_the_stock_path():
+    model = tiny_wan("wan21")
+    install_fast_path(model)
+    z = latent((1, 4, 1, 4, 6))
+    with gate_for(model).opened(True) as stats:
+        model.decode(z).sample.sum().backward()
+    assert stats.fused_calls == 0 and any("autograd" in r for r in stats.fallbacks)
+
+
+def test_unknown_decoder_module_fails_closed():
+    class Custom(torch.nn.Module):  # a module the family has never seen
+        def forward(self, x, *args, **kwargs):
+            return x
+
+    model = tiny_wan("wan21")
+    model.decoder.up_blocks[0].add_module("extra", Custom())
+    report = install_fast_path(model)
+    assert report.fused == 0 and report.reason.startswith("unknown module")
+    assert not any(is_swapped(m) for m in model.modules())
+
+
+def test_block_that_differs_is_left_stock():
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    model = tiny_wan("wan21")
+    block = model.decoder.up_blocks[1].resnets[0]
+    block.conv1 = WanCausalConv3d(block.in_dim, block.out_dim, (1, 3, 3), padding=(0, 1, 1))
+    report = install_fast_path(model)
+    assert report.skipped == {"decoder.up_blocks.1.resnets.0": "temporal kernel 1"}
+    assert not is_swapped(model.decoder.up_blocks[1].resnets[0])
+    assert is_swapped(model.decoder.up_blocks[1].resnets[1])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_wan21_480p_high_vs_lossless_on_gpu(dtype):
+    """Wan 2.1's real decoder (diffusers' default config), 480x832, 5 output frames."""
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    model = AutoencoderKLWan().eval().to("cuda", dtype)
+    z = latent((1, 16, 2, 60, 104)).to("cuda", dtype)
+    with torch.no_grad():
+        expected = model.decode(z).sample
+        install_fast_path(model)
+        with gate_for(model).opened(False):
+            assert torch.equal(model.decode(z).sample, expected)
+        with gate_for(model).opened(True) as stats:
+            got = model.decode(z).sample
+    assert stats.fallbacks == {} and stats.fused_calls > 0
+    assert torch.isfinite(got).all() and torch.isfinite(expected).all()
+    assert psnr(got.float(), expected.float()) >= 50.0
