@@ -9,7 +9,7 @@ import importlib
 
 from ..log import log_once
 
-for _name in ("kl",):  # filled in as families land: ("kl", "wan")
+for _name in ("kl", "wan"):
     try:
         importlib.import_module(f"{__name__}.{_name}")
     except Exception as _exc:  # pragma: no cover - depends on the ComfyUI tree
