@@ -21,9 +21,8 @@ def _free_port() -> int:
 
 
 class ComfyServer:
-    def __init__(self, base: pathlib.Path, extra_args: tuple[str, ...] = ()):
+    def __init__(self, base: pathlib.Path):
         self.base = base
-        self.extra_args = tuple(extra_args)  # e.g. ("--front-end-root", path) for another frontend
         (base / "custom_nodes").mkdir(parents=True, exist_ok=True)
         link = base / "custom_nodes" / PACK_DIR_NAME
         if not link.exists():
@@ -39,7 +38,7 @@ class ComfyServer:
         env = dict(os.environ, TRITON_INTERPRET="0", PYTHONUNBUFFERED="1")
         cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1",
                "--port", str(self.port), "--base-directory", str(self.base),
-               "--disable-auto-launch", "--database-url", "sqlite:///:memory:", *self.extra_args]
+               "--disable-auto-launch", "--database-url", "sqlite:///:memory:"]
         self.proc = subprocess.Popen(cmd, cwd=COMFYUI_PATH, env=env, stdout=open(self.log, "wb"),
                                      stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
