@@ -126,7 +126,7 @@ def decoder_twin(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
     side = decoder_side(model)
     device = next(getattr(model, side[0]).parameters()).device
     twin = clone_module(model, tensor_copier(device, lambda path: dtype),
-                        share=lambda path: path not in side)
+                        share=lambda path: "." not in path and path not in side)
     install_decode_loop(twin)
     twin.__dict__["_fvd_decoder_dtype"] = dtype
     return twin
