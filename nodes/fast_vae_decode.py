@@ -46,8 +46,13 @@ class FastVAEDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples, vae, quality=DEFAULT_QUALITY) -> io.NodeOutput:
         latent = latent_samples(samples, vae)
-        if quality == "high":
-            ensure_unload_hook(vae)
-        images, outcome = decode_at_quality(vae, quality, lambda: vae.decode(latent))
-        return io.NodeOutput(images_like_vae_decode(images),
-                             ui={"text": [outcome.text()], "fast_vae_decode": [outcome.as_ui()]})
+        return decode_node_output(vae, quality, lambda: vae.decode(latent))
+
+
+def decode_node_output(vae, quality: str, decode) -> io.NodeOutput:
+    """Run ``decode()`` at ``quality``; the IMAGE shaped like VAEDecode's, and the UI status."""
+    if quality == "high":
+        ensure_unload_hook(vae)
+    images, outcome = decode_at_quality(vae, quality, decode)
+    return io.NodeOutput(images_like_vae_decode(images),
+                         ui={"text": [outcome.text()], "fast_vae_decode": [outcome.as_ui()]})

@@ -64,3 +64,11 @@ def loaded_pack() -> dict:
         ok = asyncio.run(ok)
     assert ok, "ComfyUI's custom-node loader refused the pack (see the log above)"
     return nodes.NODE_CLASS_MAPPINGS
+
+
+def pack_module(name: str):
+    """A submodule of the copy of the pack that ComfyUI's loader imported (its own registries)."""
+    loaded_pack()
+    # The loader registers a folder under its whole path, with "." spelled "_x_".
+    root = str(custom_nodes_dir() / PACK_DIR_NAME).replace(".", "_x_")
+    return sys.modules[f"{root}.{name}"]
