@@ -17,6 +17,7 @@ import torch
 from .fused import FusedModule
 from .kl_ops import (
     CHANNELS_LAST,
+    add_bias_residual_,
     conv2d,
     tensor_reason,
     to_channels_last,
@@ -78,9 +79,11 @@ class _FusedDecoder(FusedModule):
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()
         with cudnn_benchmark_for(z):
-            h = conv2d(conv_in, to_channels_last(z))
+            h = add_bias_residual_(conv2d(conv_in, to_channels_last(z), use_bias=False),
+                                   conv_in.bias)
             h = self._blocks(h)
-            h = conv2d(conv_out, norm_out.norm_silu(h))
+            h = add_bias_residual_(conv2d(conv_out, norm_out.norm_silu(h), use_bias=False),
+                                   conv_out.bias)
             h = self._finish(h)
         return h.contiguous()
 

@@ -29,7 +29,14 @@ from ..kernels.vae_attention import (
 )
 from .cache import cached
 from .fused import FusedModule
-from .kl_ops import conv2d, like_input, tensor_reason, to_channels_last, weights_reason
+from .kl_ops import (
+    add_bias_residual_,
+    conv2d,
+    like_input,
+    tensor_reason,
+    to_channels_last,
+    weights_reason,
+)
 from .kl_settings import settings
 
 # diffusers attention processors whose computation ``FusedAttention`` reproduces (single head,
@@ -80,17 +87,17 @@ class _FusedResnet(FusedModule):
     def fast_forward(self, x, temb=None, *args, **kwargs):
         norm1, conv1, norm2, conv2, shortcut, out_scale = self._parts()
         xc = to_channels_last(x)
-        h = conv2d(conv1, norm1.norm_silu(xc))
-        h = norm2.norm_silu(h)
+        # Conv biases are added by one channels-last pass each (torch's broadcast add after the
+        # conv is a slow generic kernel on channels-last), and conv2's together with the residual.
+        h = conv2d(conv1, norm1.norm_silu(xc), use_bias=False)
+        h = norm2.norm_silu(add_bias_residual_(h, conv1.bias))
+        out = conv2d(conv2, h, use_bias=False)
         if shortcut is None:
-            out = conv2d(conv2, h)
-            out += xc  # in place on the fresh conv output: one pass for the residual
+            add_bias_residual_(out, conv2.bias, xc)
         else:
-            # conv2's bias rides on the shortcut conv's bias: one elementwise pass fewer.
             bias = cached(self, "resnet_shortcut_bias", (shortcut.bias, conv2.bias),
                           lambda: _sum_biases(shortcut.bias, conv2.bias))
-            out = conv2d(conv2, h, use_bias=False)
-            out += conv2d(shortcut, xc, bias=bias, use_bias=False)
+            add_bias_residual_(out, bias, conv2d(shortcut, xc, use_bias=False))
         if out_scale != 1:
             out /= out_scale
         return like_input(out, x)
@@ -213,7 +220,7 @@ class _FusedUpsample(FusedModule):
         if mode == "transposed":
             w = cached(self, "upsample_fold", (conv.weight,),
                        lambda: fold_upsample_conv_weight(conv.weight))
-            out = upsample_conv_folded(xc, w, conv.bias)
+            out = add_bias_residual_(upsample_conv_folded(xc, w, None), conv.bias)
         elif mode == "subpixel":
             w4, b4 = cached(self, "upsample_fold_subpixel", (conv.weight, conv.bias), lambda: (
                 fold_upsample_conv_weight_subpixel(conv.weight),

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.backend import triton_unavailable_reason
+from ..kernels.bias_residual_add import bias_residual_add_
 from ..kernels.group_norm_silu import (
     MAX_BLOCK_C,
     MAX_GROUP_MASK,
@@ -135,6 +136,19 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
     """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
     b = bias if bias is not None else (conv.bias if use_bias else None)
     return F.conv2d(x, conv.weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def add_bias_residual_(out: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``out += bias (+ residual)`` in place: one pass through the kernel when it takes the
+    tensors, torch's broadcast adds otherwise. ``out`` must be a fresh tensor (a conv output)."""
+    if (bias is None and residual is None) or bias_residual_add_(out, bias, residual) is not None:
+        return out
+    if bias is not None:
+        out += bias.reshape((1, -1) + (1,) * (out.dim() - 2))
+    if residual is not None:
+        out += residual
+    return out
 
 
 class FusedGroupNormSiLU(FusedModule):
