@@ -1,0 +1,156 @@
+"""Command line: ``python -m fast_vae_decode <demo|bench> [options]``; ``main(argv)`` for tests."""
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def _dtype(name: str | None) -> torch.dtype | None:
+    return None if name is None else DTYPES[name]
+
+
+def _default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _default_dtype(device: torch.device) -> torch.dtype:
+    # bf16 is ComfyUI's VAE dtype on current GPUs; CPUs run fp32 (bf16 convs are slow there).
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .cases import CASES, DEFAULT_CASES
+    from .models import ARCHS
+
+    parser = argparse.ArgumentParser(
+        prog="python -m fast_vae_decode",
+        description="Fast VAE Decode: demo on an embedded model, or benchmark against stock.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser(
+        "demo", help="decode with a seeded random-weight SDXL VAE (no ComfyUI, no downloads)",
+        description="Decodes one seeded latent at quality lossless and high with a seeded "
+                    "random-weight SDXL-architecture VAE and writes the high image.")
+    demo.add_argument("--size", type=int, default=None,
+                      help="image side in pixels (default 1024 on CUDA, 256 on CPU)")
+    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+    demo.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                      help="default bf16 on CUDA, fp32 on CPU")
+    demo.add_argument("--out", default="fast_vae_decode_demo.png",
+                      help="image to write (PNG; PPM without Pillow or with a .ppm name)")
+    demo.add_argument("--arch", default="sdxl",
+                      choices=[a for a in ARCHS if a in ("sdxl", "sd15", "flux")]
+                      + ["tiny_sdxl", "tiny_sd15", "tiny_flux"],
+                      help="image VAE architecture (tiny_* are small test variants)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--repeats", type=int, default=None,
+                      help="timed decodes per quality (default 5 on CUDA, 1 on CPU)")
+
+    bench = sub.add_parser(
+        "bench", help="time stock vs lossless vs high per case; Markdown table + JSON",
+        description="Measures stock, lossless and high decodes side by side in one process "
+                    "(CUDA events, warm-up, median). With a ComfyUI tree (--comfyui or "
+                    "COMFYUI_PATH) stock is ComfyUI's VAEDecode and the fast paths go through "
+                    "the FastVAEDecode node; without, diffusers models are used.")
+    bench.add_argument("--cases", default=None,
+                       help=f"comma-separated (default: {','.join(DEFAULT_CASES)}); "
+                            f"also: {','.join(n for n in CASES if n not in DEFAULT_CASES)}")
+    bench.add_argument("--list-cases", action="store_true", help="print the cases and exit")
+    bench.add_argument("--comfyui", default=None,
+                       help="ComfyUI tree to load in-process (default: $COMFYUI_PATH)")
+    bench.add_argument("--no-comfyui", action="store_true",
+                       help="use diffusers models even when COMFYUI_PATH is set")
+    bench.add_argument("--device", default=None,
+                       help="default: cuda if available (with ComfyUI: ComfyUI's VAE device)")
+    bench.add_argument("--dtype", choices=sorted(DTYPES), default=None,
+                       help="default: ComfyUI's VAE dtype; diffusers: bf16 on CUDA, fp32 on CPU")
+    bench.add_argument("--repeats", type=int, default=None,
+                       help="timed decodes per path (default 5 for images, 3 for video)")
+    bench.add_argument("--warmup", type=int, default=1, help="untimed decodes before timing")
+    bench.add_argument("--precisions", default="fp32,fp16,bf16",
+                       help="Wan decode precisions to add as rows, comma-separated, or 'none'")
+    bench.add_argument("--run-unsupported", action="store_true",
+                       help="measure cases that no fast-path family supports yet")
+    bench.add_argument("--json", dest="json_path", default=None, help="write results here")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
+                       help="fresh (default): compile into an empty Triton cache, so the first "
+                            "high decode shows the cold compile cost; keep: use the usual cache")
+    return parser
+
+
+def _fresh_triton_cache() -> None:
+    path = tempfile.mkdtemp(prefix="fvd-triton-cache-")
+    os.environ["TRITON_CACHE_DIR"] = path
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+
+
+def _quiet_diffusers() -> None:
+    try:
+        from diffusers.utils import logging as diffusers_logging
+    except Exception:
+        return
+    diffusers_logging.set_verbosity_error()
+
+
+def _demo(args) -> int:
+    from .demo import DemoOptions, run_demo
+
+    device = torch.device(args.device) if args.device else _default_device()
+    dtype = _dtype(args.dtype) or _default_dtype(device)
+    run_demo(DemoOptions(device=device, dtype=dtype, size=args.size, out=args.out,
+                         arch=args.arch, seed=args.seed, repeats=args.repeats))
+    return 0
+
+
+def _bench(args, parser: argparse.ArgumentParser) -> int:
+    from .cases import CASES, select_cases
+    from .comfyui import ENV_VAR
+
+    if args.list_cases:
+        for case in CASES.values():
+            print(f"{case.name:16} {case.arch:11} {list(case.latent_shape)}  {case.note}")
+        return 0
+    from .run import BenchOptions, run_bench
+
+    comfyui = None if args.no_comfyui else (args.comfyui or os.environ.get(ENV_VAR) or None)
+    device = torch.device(args.device) if args.device else None
+    dtype = _dtype(args.dtype)
+    if comfyui is None:
+        device = device or _default_device()
+        dtype = dtype or _default_dtype(device)
+    precisions = [] if args.precisions == "none" else [
+        p.strip() for p in args.precisions.split(",") if p.strip()]
+    try:
+        cases = select_cases(args.cases)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.triton_cache == "fresh":
+        _fresh_triton_cache()
+    options = BenchOptions(cases=cases, device=device, dtype=dtype,
+                           comfyui=comfyui, repeats=args.repeats, warmup=args.warmup,
+                           precisions=precisions, run_unsupported=args.run_unsupported,
+                           seed=args.seed, json_path=args.json_path)
+    results = run_bench(options)
+    return 1 if any(r.error for r in results) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _quiet_diffusers()
+    if args.command == "demo":
+        return _demo(args)
+    return _bench(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

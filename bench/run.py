@@ -1,0 +1,215 @@
+"""``python -m fast_vae_decode bench``: stock vs lossless vs high, side by side, in one process.
+
+Per case: stock first (ComfyUI's ``VAEDecode`` before anything is installed; its output is the
+reference), then the very first high decode (install + kernel compilation, timed alone), then
+high and lossless (warm-up, then the median of the timed calls), then one more stock decode to
+check that installing changed nothing for a stock node. Everything runs under
+``torch.inference_mode()`` as ComfyUI's executor does.
+"""
+from __future__ import annotations
+
+import gc
+import math
+import platform
+import sys
+import traceback
+from dataclasses import dataclass, field
+
+import torch
+
+from .cases import Case, select_cases
+from .results import CaseResult, markdown_table, write_json
+from .subjects import Subject, build_subject, release, unsupported_reason
+from .timing import all_finite, measure, psnr_db, timed_call, to_unit_range
+
+MIB = 1024.0 * 1024.0
+
+
+@dataclass
+class BenchOptions:
+    cases: list[Case]
+    device: torch.device | None = None  # None: ComfyUI's VAE device (diffusers needs one)
+    dtype: torch.dtype | None = None  # None: ComfyUI's VAE dtype (diffusers needs one)
+    comfyui: str | None = None  # a ComfyUI tree; None = diffusers models
+    repeats: int | None = None  # None: 5 for images, 3 for video
+    warmup: int = 1
+    precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
+    run_unsupported: bool = False
+    seed: int = 0
+    json_path: str | None = None
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", flush=True)
+
+
+def repeats_for(case: Case, options: BenchOptions) -> int:
+    if options.repeats is not None:
+        return options.repeats
+    return 3 if case.video else 5
+
+
+def _mib(value: int | None) -> float | None:
+    return None if value is None else round(value / MIB, 1)
+
+
+def measure_subject(case: Case, subject: Subject, options: BenchOptions,
+                    result: CaseResult) -> CaseResult:
+    repeats = repeats_for(case, options)
+    device = subject.device
+    result.device, result.dtype = str(device), str(subject.dtype).replace("torch.", "")
+    result.repeats = repeats
+
+    stock = measure(subject.stock, device, repeats, options.warmup)
+    reference = stock.output
+    log(f"{result.label}: stock {stock.median_ms:.1f} ms")
+
+    first_ms, (_, first_info) = timed_call(lambda: subject.decode("high"), device)
+    high = measure(lambda: subject.decode("high"), device, repeats, options.warmup)
+    high_images, high_info = high.output
+    log(f"{result.label}: high {high.median_ms:.1f} ms (first {first_ms:.1f} ms) "
+        f"[{high_info.get('text', '')}]")
+
+    lossless = measure(lambda: subject.decode("lossless"), device, repeats, options.warmup)
+    lossless_images, lossless_info = lossless.output
+    log(f"{result.label}: lossless {lossless.median_ms:.1f} ms")
+
+    stock_again = subject.stock()
+
+    result.output_shape = list(reference.shape)
+    result.stock_ms, result.high_ms, result.lossless_ms = (
+        stock.median_ms, high.median_ms, lossless.median_ms)
+    result.high_speedup = stock.median_ms / high.median_ms
+    result.lossless_speedup = stock.median_ms / lossless.median_ms
+    result.times_ms = {"stock": stock.times_ms, "high": high.times_ms,
+                       "lossless": lossless.times_ms}
+    result.peak_extra_mib = {"stock": _mib(stock.peak_extra_bytes),
+                             "lossless": _mib(lossless.peak_extra_bytes),
+                             "high": _mib(high.peak_extra_bytes)}
+    result.first_high_ms = first_ms
+    result.first_high_overhead_ms = first_ms - high.median_ms
+    result.high_path, result.high_info = high_info.get("text"), high_info
+    result.high_info["first_call"] = first_info
+    result.lossless_path = lossless_info.get("text")
+    result.high_finite = all_finite(high_images)
+    result.lossless_bit_exact = torch.equal(lossless_images, reference)
+    result.stock_bit_exact_after_install = torch.equal(stock_again, reference)
+    psnr = psnr_db(to_unit_range(high_images, subject.signed),
+                   to_unit_range(lossless_images, subject.signed))
+    result.high_identical_to_lossless = psnr == math.inf
+    result.psnr_high_vs_lossless_db = psnr if math.isfinite(psnr) else None
+    log(f"{result.label}: high {result.high_speedup:.2f}x, lossless "
+        f"{result.lossless_speedup:.2f}x, PSNR "
+        f"{'identical' if result.high_identical_to_lossless else f'{psnr:.1f} dB'}, "
+        f"lossless bit-exact {result.lossless_bit_exact}")
+    return result
+
+
+def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
+                    base: CaseResult) -> list[CaseResult]:
+    from ..fastpath.precision import with_decoder_precision
+
+    rows = []
+    for precision in options.precisions:
+        row = CaseResult(case.name, case.arch, list(case.latent_shape), subject.backend, precision)
+        try:
+            variant = subject.with_vae(with_decoder_precision(subject.vae, precision))
+        except NotImplementedError as exc:
+            row.skipped = f"decode precision not implemented yet ({exc})"
+        except Exception as exc:  # the precision node refuses this VAE: report, keep going
+            row.skipped = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        else:
+            _guarded(lambda: measure_subject(case, variant, options, row), row)
+            if base.stock_ms and row.high_ms:
+                row.high_speedup_vs_base_stock = base.stock_ms / row.high_ms
+            del variant
+        rows.append(row)
+        if row.skipped:
+            log(f"{row.label}: skipped ({row.skipped})")
+    return rows
+
+
+def _guarded(work, row: CaseResult) -> None:
+    try:
+        work()
+    except Exception as exc:  # one failing case must not lose the others' numbers
+        row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        log(f"{row.label}: ERROR {row.error}")
+        traceback.print_exc(file=sys.stderr)
+        sys.stderr.flush()
+
+
+def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
+    backend = "comfyui" if nodes is not None else "diffusers"
+    base = CaseResult(case.name, case.arch, list(case.latent_shape), backend)
+    subject = None
+    rows = [base]
+    try:
+        log(f"{case.name}: building {backend} {case.arch} VAE, latent {list(case.latent_shape)}")
+        subject = build_subject(case, nodes=nodes, device=options.device, dtype=options.dtype,
+                                seed=options.seed)
+        reason = unsupported_reason(subject)
+        if reason is not None and not options.run_unsupported:
+            base.skipped = reason
+            log(f"{case.name}: skipped ({reason})")
+            return rows
+        _guarded(lambda: measure_subject(case, subject, options, base), base)
+        if case.video and options.precisions and base.error is None:
+            rows += _precision_rows(case, subject, options, base)
+    except Exception as exc:
+        base.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        log(f"{case.name}: ERROR {base.error}")
+        traceback.print_exc(file=sys.stderr)
+    finally:
+        release(subject)
+        del subject
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return rows
+
+
+def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "device": str(options.device or "ComfyUI's VAE device"), "comfyui": options.comfyui,
+            "comfyui_version": comfyui_version, "seed": options.seed,
+            "warmup": options.warmup, "repeats": options.repeats,
+            "argv": sys.argv[1:]}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name()
+    for name in ("triton", "diffusers"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception:
+            info[name] = None
+    from ..kernels.backend import triton_unavailable_reason
+
+    info["triton_unavailable"] = triton_unavailable_reason()
+    return info
+
+
+def run_bench(options: BenchOptions) -> list[CaseResult]:
+    nodes, version = None, None
+    if options.comfyui is not None:
+        from .comfyui import comfyui_path, comfyui_version, setup_comfyui
+
+        path = comfyui_path(options.comfyui)
+        log(f"loading ComfyUI from {path}")
+        nodes, version = setup_comfyui(path), comfyui_version(path)
+    env = environment(options, version)
+    log(f"torch {env['torch']}, triton {env['triton']}, diffusers {env['diffusers']}, "
+        f"ComfyUI {version or 'not used'}, device {env.get('gpu', env['device'])}")
+    results: list[CaseResult] = []
+    with torch.inference_mode():
+        for case in options.cases:
+            results += run_case(case, options, nodes)
+            if options.json_path:  # rewritten after each case, so a cut-off run keeps its numbers
+                write_json(options.json_path, env, results)
+    print(markdown_table(results), flush=True)
+    if options.json_path:
+        write_json(options.json_path, env, results)
+        log(f"wrote {options.json_path}")
+    return results
+
+
+__all__ = ["BenchOptions", "run_bench", "run_case", "measure_subject", "select_cases"]

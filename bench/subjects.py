@@ -1,0 +1,109 @@
+"""What the bench decodes with: a VAE, a latent, and the stock / lossless / high decode calls.
+
+With ComfyUI loaded, stock is ComfyUI's own ``VAEDecode`` node and lossless/high go through
+this pack's ``FastVAEDecode`` node, exactly as a workflow runs them (outputs on ComfyUI's
+intermediate device, in [0, 1]). Without ComfyUI, stock is a diffusers model's ``decode`` and
+lossless/high wrap that same call in ``decode_at_quality`` (outputs in [-1, 1]).
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..fastpath.gate import decoder_models
+from ..fastpath.quality import decode_at_quality
+from . import models
+from .cases import Case
+
+
+@dataclass
+class Subject:
+    backend: str  # "comfyui" | "diffusers"
+    vae: Any  # what the fast path and the precision node take: comfy.sd.VAE or the nn.Module
+    latent: torch.Tensor
+    device: torch.device
+    signed: bool  # outputs in [-1, 1] (diffusers) rather than [0, 1] (ComfyUI)
+    stock: Callable[[], torch.Tensor]
+    decode: Callable[[str], tuple[torch.Tensor, dict]]  # quality -> (images, path info)
+    nodes: types.ModuleType | None = None  # ComfyUI's ``nodes`` module for the comfyui back end
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The decoder's weight dtype (a precision variant's ``vae_dtype`` is its encoder's)."""
+        return _decoder_dtype(decoder_models(self.vae)[0])
+
+    def with_vae(self, vae: Any) -> "Subject":
+        """The same latent and calls on another VAE (a decode-precision variant)."""
+        if self.backend == "comfyui":
+            return _comfy_subject(vae, self.latent, self.nodes)
+        return _diffusers_subject(vae, self.latent)
+
+
+def _decoder_dtype(model: torch.nn.Module) -> torch.dtype:
+    inner = getattr(model, "decoder", model)
+    return next(inner.parameters()).dtype
+
+
+def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subject:
+    from ..nodes.fast_vae_decode import FastVAEDecode
+
+    def stock() -> torch.Tensor:
+        return nodes.VAEDecode().decode(vae, {"samples": latent})[0]
+
+    def decode(quality: str) -> tuple[torch.Tensor, dict]:
+        out = FastVAEDecode.execute({"samples": latent}, vae, quality)
+        return out[0], dict(out.ui["fast_vae_decode"][0])
+
+    return Subject("comfyui", vae, latent, torch.device(vae.device), False, stock, decode,
+                   nodes)
+
+
+def _diffusers_subject(model, latent: torch.Tensor) -> Subject:
+    device = next(model.parameters()).device
+
+    def call() -> torch.Tensor:
+        # The latent follows the decoder's dtype, so a decode-precision variant gets its own.
+        return model.decode(latent.to(device=device, dtype=_decoder_dtype(model))).sample
+
+    def decode(quality: str) -> tuple[torch.Tensor, dict]:
+        images, outcome = decode_at_quality(model, quality, call)
+        return images, outcome.as_ui()
+
+    return Subject("diffusers", model, latent, device, True, call, decode)
+
+
+def build_subject(case: Case, *, nodes: types.ModuleType | None, device: torch.device | None,
+                  dtype: torch.dtype | None, seed: int = 0) -> Subject:
+    """Build the case's VAE (ComfyUI's when ``nodes`` is given, else diffusers') and latent.
+
+    ComfyUI gets the latent as its samplers leave it (fp32, on the CPU) and chooses the VAE's
+    device and dtype itself unless they are given; diffusers gets it on ``device``.
+    """
+    if nodes is not None:
+        vae = models.comfy_vae(case.arch, seed=seed, dtype=dtype, device=device)
+        return _comfy_subject(vae, models.seeded_latent(case.latent_shape, seed + 1), nodes)
+    model = models.diffusers_vae(case.arch, seed=seed, dtype=dtype, device=device)
+    latent = models.seeded_latent(case.latent_shape, seed + 1, device, _decoder_dtype(model))
+    return _diffusers_subject(model, latent)
+
+
+def unsupported_reason(subject: Subject) -> str | None:
+    """Why the fast path has no family for this VAE yet (None when one is registered)."""
+    from ..fastpath.install import find_family
+
+    for model in decoder_models(subject.vae):
+        if find_family(model) is None:
+            return f"no fast-path family for {type(model).__name__} yet"
+    return None
+
+
+def release(subject: Subject | None) -> None:
+    """Let ComfyUI unload the subject's model so the next case starts with free memory."""
+    if subject is not None and subject.backend == "comfyui":
+        import comfy.model_management as mm
+
+        mm.unload_all_models()
+        mm.soft_empty_cache()

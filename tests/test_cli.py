@@ -1,0 +1,126 @@
+"""The command-line entry: ``demo`` and ``bench`` run end to end on tiny models (tier 1, CPU).
+
+The CLI runs in-process through ``bench.cli.main(argv)``; one subprocess checks that running the
+checkout by path (``python <repo> ...``) finds its package. Nothing here times anything: the
+bench's numbers are only checked for presence and type, its correctness flags for value.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+from fast_vae_decode.bench.cli import main
+from fast_vae_decode.bench.results import SCHEMA
+
+# Every field a measured row must carry (the later Markdown/plot report reads these).
+MEASURED_FIELDS = (
+    "case", "arch", "latent_shape", "backend", "precision", "device", "dtype", "output_shape",
+    "repeats", "stock_ms", "lossless_ms", "high_ms", "lossless_speedup", "high_speedup",
+    "psnr_high_vs_lossless_db", "high_identical_to_lossless", "high_finite",
+    "lossless_bit_exact", "stock_bit_exact_after_install", "peak_extra_mib", "first_high_ms",
+    "first_high_overhead_ms", "high_path", "lossless_path", "times_ms",
+)
+
+# Cheapest settings that still run every step once: no warm-up, one timed decode per path,
+# the usual Triton cache (a fresh one would only cost compile time), never ComfyUI here.
+QUICK = ["--repeats", "1", "--warmup", "0", "--triton-cache", "keep", "--no-comfyui"]
+
+
+def run_cli(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(argv)
+    return code, out.getvalue()
+
+
+def test_demo_writes_the_high_image(tmp_path):
+    pytest.importorskip("diffusers")
+    target = tmp_path / "demo.ppm"  # PPM: readable back without Pillow
+    # 32 px: the tiny SDXL-structured VAE upsamples 2x, so a 16x16 latent (interpreter-cheap).
+    code, text = run_cli(["demo", "--arch", "tiny_sdxl", "--size", "32", "--device", "cpu",
+                          "--out", str(target)])
+    assert code == 0
+    assert "lossless:" in text and "high:" in text and "PSNR high vs lossless" in text
+    header = target.read_bytes()[:11]
+    assert header == b"P6\n32 32\n255\n"[:11]
+    assert target.stat().st_size == len(b"P6\n32 32\n255\n") + 32 * 32 * 3
+
+
+@pytest.fixture(scope="module")
+def kl_bench(tmp_path_factory):
+    """One bench run of the tiny SDXL case with the fused path running (interpreter on CPU)."""
+    pytest.importorskip("diffusers")
+    path = tmp_path_factory.mktemp("bench") / "kl.json"
+    code, text = run_cli(["bench", "--cases", "tiny-sdxl", "--json", str(path), *QUICK])
+    return code, text, json.loads(path.read_text())
+
+
+def test_bench_writes_json_with_every_field(kl_bench):
+    code, text, data = kl_bench
+    assert code == 0
+    assert data["schema"] == SCHEMA
+    assert data["environment"]["torch"] and data["environment"]["device"] == "cpu"
+    (row,) = data["results"]
+    assert row["skipped"] is None and row["error"] is None, row
+    for name in MEASURED_FIELDS:
+        assert name in row, name
+    assert row["backend"] == "diffusers" and row["case"] == "tiny-sdxl"
+    for path in ("stock", "high", "lossless"):
+        assert len(row["times_ms"][path]) == 1
+        assert row[f"{path}_ms"] > 0
+    assert row["output_shape"] == [1, 3, 16, 16]
+    assert "| tiny-sdxl | diffusers | float32 |" in text  # the Markdown table row
+
+
+def test_bench_reports_lossless_bit_exact_and_a_finite_high(kl_bench):
+    _, _, data = kl_bench
+    (row,) = data["results"]
+    assert row["lossless_bit_exact"] is True
+    assert row["stock_bit_exact_after_install"] is True
+    assert row["high_finite"] is True
+    if row["high_path"].startswith("high:"):  # the fused path ran (interpreter or GPU)
+        assert row["high_identical_to_lossless"] is False
+        assert math.isfinite(row["psnr_high_vs_lossless_db"])
+    else:  # it fell back: then high is the stock computation
+        assert row["high_identical_to_lossless"] is True
+
+
+def test_bench_video_case_with_a_precision_row(tmp_path, monkeypatch):
+    pytest.importorskip("diffusers")
+    # Stock path for high here (the interpreter would run the Wan kernels slowly); this test is
+    # about the video case and the precision rows, not the fused path.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    path = tmp_path / "wan.json"
+    code, _ = run_cli(["bench", "--cases", "tiny-wan21", "--precisions", "fp32",
+                       "--json", str(path), *QUICK])
+    assert code == 0
+    base, variant = json.loads(path.read_text())["results"]
+    assert base["precision"] is None and base["lossless_bit_exact"] is True
+    assert base["output_shape"] == [1, 3, 5, 32, 32]  # 2 latent frames -> 1 + 4 video frames
+    assert variant["precision"] == "fp32"
+    if variant["skipped"] is None:
+        assert variant["error"] is None, variant
+        assert variant["lossless_bit_exact"] is True
+        assert variant["high_speedup_vs_base_stock"] > 0
+
+
+def test_bench_lists_cases_and_rejects_unknown_ones():
+    code, text = run_cli(["bench", "--list-cases"])
+    assert code == 0 and "sdxl-1024" in text and "wan22-704p-33" in text
+    with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, before any work
+        run_cli(["bench", "--cases", "sdxl-4096", *QUICK])
+    assert exit_info.value.code == 2
+
+
+def test_running_the_checkout_by_path_finds_the_package():
+    result = subprocess.run([sys.executable, str(REPO), "bench", "--list-cases"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tiny-wan22" in result.stdout
