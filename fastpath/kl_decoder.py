@@ -17,7 +17,9 @@ import torch
 from .fused import FusedModule
 from .kl_ops import (
     CHANNELS_LAST,
+    StockLayoutGuard,
     add_bias_residual_,
+    channels_last_decode,
     conv2d,
     tensor_reason,
     to_channels_last,
@@ -26,24 +28,14 @@ from .kl_ops import (
 from .kl_settings import cudnn_benchmark_for
 
 
-def takes_fast_path(module: torch.nn.Module, *args) -> bool:
-    """Whether ``module(*args)`` will run its fused path now (gate open, input supported)."""
-    if not isinstance(module, FusedModule):
-        return False
-    gate = module._fvd_gate
-    if gate is None or module._fvd_disabled is not None or not gate.allows_fast_path():
-        return False
-    return module.fast_unsupported(*args) is None
-
-
 def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:
     """One block of the channels-last decode.
 
-    A block that will not take its fused path gets a contiguous input, as in a stock decode
-    (ComfyUI's attention ``view``s its input, which a channels-last tensor does not allow), and
-    its output is turned back to channels-last for the next block.
+    A fused block takes channels-last input either way (``StockLayoutGuard`` gives its stock
+    path a contiguous copy). A block left stock at install gets a contiguous input, as in a
+    stock decode, and its output goes back to channels-last for the next block.
     """
-    if takes_fast_path(module, h, *args):
+    if isinstance(module, StockLayoutGuard) and module._fvd_gate is not None:
         return module(h, *args)
     return to_channels_last(module(h.contiguous(), *args))
 
@@ -66,19 +58,13 @@ class _FusedDecoder(FusedModule):
         reason = tensor_reason(z)
         if reason is not None:
             return reason
-        # Every weight must be on the latent's device (ComfyUI low-VRAM mode can leave some on
-        # the CPU) and in its dtype (the loop has no per-level casts, as a mixed-precision
-        # stock decoder would); the blocks check their casts and patches when they run.
-        for p in self.parameters():
-            if p.device != z.device:
-                return f"weights on {p.device}, input on {z.device}"
-            if p.dtype != z.dtype:
-                return f"weights in {p.dtype}, input in {z.dtype}"
+        # Only the weights the decoder reads itself; every block checks its own when it runs
+        # and falls back on its own (ComfyUI low-VRAM mode may offload some blocks only).
         return weights_reason(self._ends(), z)
 
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()
-        with cudnn_benchmark_for(z):
+        with cudnn_benchmark_for(z), channels_last_decode():
             h = add_bias_residual_(conv2d(conv_in, to_channels_last(z), use_bias=False),
                                    conv_in.bias)
             h = self._blocks(h)

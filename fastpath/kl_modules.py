@@ -30,6 +30,7 @@ from ..kernels.vae_attention import (
 from .cache import cached
 from .fused import FusedModule
 from .kl_ops import (
+    StockLayoutGuard,
     add_bias_residual_,
     conv2d,
     like_input,
@@ -69,7 +70,7 @@ def _sum_biases(*biases: torch.Tensor | None) -> torch.Tensor | None:
 # ResnetBlock: norm1+SiLU -> conv1 -> norm2+SiLU -> (dropout) -> conv2, plus the shortcut.
 
 
-class _FusedResnet(FusedModule):
+class _FusedResnet(FusedModule, StockLayoutGuard):
     """Subclasses define ``_parts() -> (norm1, conv1, norm2, conv2, shortcut|None, out_scale)``."""
 
     def _parts(self):
@@ -135,7 +136,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return attention_chunked(q, k, v, fp32_scores=settings.attention_fp32_scores)
 
 
-class _FusedAttention(FusedModule):
+class _FusedAttention(FusedModule, StockLayoutGuard):
     """Subclasses define ``_parts() -> (norm, (wq, bq), (wk, bk), (wv, bv), (wo, bo), modules,
     out_scale)`` with ``modules`` the projection modules whose weights are read."""
 
@@ -201,7 +202,7 @@ class FusedDiffusersAttention(_FusedAttention):
 # Upsample: nearest 2x then a 3x3 conv, folded into one low-resolution op.
 
 
-class _FusedUpsample(FusedModule):
+class _FusedUpsample(FusedModule, StockLayoutGuard):
     """Subclasses define ``_conv()`` (the 3x3 conv after the nearest-2x upsample)."""
 
     def _conv(self):

@@ -8,6 +8,10 @@ them inside the stock ``forward`` (``comfy_cast_weights``), LoRA-style patches a
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 
@@ -79,11 +83,21 @@ def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str 
     return None
 
 
+_MISSING = object()
+
+
+def _attr(module: torch.nn.Module, name: str, default=None):
+    # Instance attribute (set by ComfyUI's patcher) or class attribute (ComfyUI's ops classes),
+    # without nn.Module.__getattr__, whose AttributeError for a missing name is slow per call.
+    value = module.__dict__.get(name, _MISSING)
+    return getattr(type(module), name, default) if value is _MISSING else value
+
+
 def comfy_cast_reason(module: torch.nn.Module) -> str | None:
     """Why ComfyUI's ops would compute ``module`` differently from its raw weights."""
-    if getattr(module, "comfy_cast_weights", False):
+    if _attr(module, "comfy_cast_weights", False):
         return "weights cast per call (ComfyUI low-VRAM mode)"
-    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
+    if _attr(module, "weight_function") or _attr(module, "bias_function"):
         return "ComfyUI weight patches"
     return None
 
@@ -110,25 +124,31 @@ def weights_reason(modules, x: torch.Tensor) -> str | None:
     """Per-call checks on the weights a fused block reads directly.
 
     Conv/linear weights must match the input dtype (``F.conv2d`` does not mix dtypes); norm
-    weights may be any float dtype (the kernel computes in fp32).
+    weights may be any float dtype (the kernel computes in fp32). Parameters are read live
+    from each module (ComfyUI's patcher may replace Parameter objects between decodes).
     """
-    grad = torch.is_grad_enabled() and x.requires_grad
+    grad = torch.is_grad_enabled()
+    if grad and x.requires_grad:
+        return _AUTOGRAD
+    device, dtype = x.device, x.dtype
     for m in modules:
         reason = comfy_cast_reason(m)
         if reason is not None:
             return reason
         norm = isinstance(m, torch.nn.GroupNorm)
-        for p in m.parameters(recurse=False):
-            if p.device != x.device:
-                return f"weights on {p.device}, input on {x.device}"
-            if not norm and p.dtype != x.dtype:
-                return f"weights in {p.dtype}, input in {x.dtype}"
-            if not p.is_floating_point():
-                return f"weights in {p.dtype}"
-            grad = grad or (torch.is_grad_enabled() and p.requires_grad)
-    if grad:
-        return "autograd (the fused kernels have no backward)"
+        for p in m._parameters.values():
+            if p is None:
+                continue
+            if p.device != device:
+                return f"weights on {p.device}, input on {device}"
+            if p.dtype != dtype and (not norm or not p.is_floating_point()):
+                return f"weights in {p.dtype}, input in {dtype}"
+            if grad and p.requires_grad:
+                return _AUTOGRAD
     return None
+
+
+_AUTOGRAD = "autograd (the fused kernels have no backward)"
 
 
 def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -136,6 +156,39 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
     """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
     b = bias if bias is not None else (conv.bias if use_bias else None)
     return F.conv2d(x, conv.weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+_DECODE = threading.local()
+
+
+@contextlib.contextmanager
+def channels_last_decode() -> Iterator[None]:
+    """Marks the fused decoder's channels-last run on this thread (see ``StockLayoutGuard``)."""
+    previous = getattr(_DECODE, "active", False)
+    _DECODE.active = True
+    try:
+        yield
+    finally:
+        _DECODE.active = previous
+
+
+class StockLayoutGuard:
+    """Keeps a fused block's stock path on the layout stock code expects.
+
+    Sits between ``FusedModule`` and the stock class in the swapped class's MRO, so it wraps
+    exactly the stock ``forward`` that ``FusedModule`` falls back to. Inside the fused decoder's
+    channels-last run, a block that declines gets a contiguous input, as in a stock decode, and
+    its output goes back to channels-last for the next block. Anywhere else (gate closed, or a
+    stock decoder around the block) it passes the call straight through, so a decode whose
+    fast path is unavailable is the stock computation bit for bit.
+    """
+
+    def forward(self, x, *args, **kwargs):
+        if (not getattr(_DECODE, "active", False) or not isinstance(x, torch.Tensor)
+                or x.is_contiguous() or not is_channels_last(x)):
+            return super().forward(x, *args, **kwargs)
+        out = super().forward(x.contiguous(), *args, **kwargs)
+        return to_channels_last(out) if isinstance(out, torch.Tensor) and out.dim() == 4 else out
 
 
 def add_bias_residual_(out: torch.Tensor, bias: torch.Tensor | None,

@@ -78,8 +78,8 @@ def test_unsupported_inputs_are_declined_untouched():
 def test_offsets_beyond_int32_on_the_gpu():
     # 2^31 + a few elements: int32 offsets would wrap and write the wrong pixels.
     shape = (1, 128, 4097, 4097)
-    out = torch.zeros(shape, device="cuda", dtype=torch.bfloat16,
-                      memory_format=torch.channels_last)
+    out = torch.empty(shape, device="cuda", dtype=torch.bfloat16,
+                      memory_format=torch.channels_last).zero_()
     bias = torch.arange(128, device="cuda", dtype=torch.bfloat16)
     assert bias_residual_add_(out, bias, None) is out
     last = out[0, :, -1, -1]
