@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -66,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--list-cases", action="store_true", help="print the cases and exit")
     bench.add_argument("--comfyui", default=None,
                        help="ComfyUI tree to load in-process (default: $COMFYUI_PATH)")
+    bench.add_argument("--comfyui-args", default="",
+                       help="more ComfyUI command-line flags, after '=' since they start "
+                            "with dashes (e.g. --comfyui-args='--fp32-vae')")
     bench.add_argument("--no-comfyui", action="store_true",
                        help="use diffusers models even when COMFYUI_PATH is set")
     bench.add_argument("--device", default=None,
@@ -136,7 +140,8 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
     if args.triton_cache == "fresh":
         _fresh_triton_cache()
     options = BenchOptions(cases=cases, device=device, dtype=dtype,
-                           comfyui=comfyui, repeats=args.repeats, warmup=args.warmup,
+                           comfyui=comfyui, comfyui_args=shlex.split(args.comfyui_args),
+                           repeats=args.repeats, warmup=args.warmup,
                            precisions=precisions, run_unsupported=args.run_unsupported,
                            seed=args.seed, json_path=args.json_path)
     results = run_bench(options)

@@ -27,11 +27,13 @@ def comfyui_path(explicit: str | None = None) -> pathlib.Path | None:
     return path
 
 
-def setup_comfyui(path: pathlib.Path) -> types.ModuleType:
+def setup_comfyui(path: pathlib.Path,
+                  extra_args: list[str] | tuple[str, ...] = ()) -> types.ModuleType:
     """Import ComfyUI from ``path`` in-process and return its ``nodes`` module.
 
     ComfyUI parses its command line when ``comfy.cli_args`` is first imported, so ``sys.argv`` is
-    swapped for that import only (``--cpu`` without CUDA, else ComfyUI would ask for a GPU). The
+    swapped for that import only (``--cpu`` without CUDA, else ComfyUI would ask for a GPU;
+    ``extra_args`` are more of ComfyUI's flags, e.g. ``--bf16-vae``). The
     tree goes first on ``sys.path``: this repository also has a ``nodes`` package, and a
     top-level ``import nodes`` must find ComfyUI's ``nodes.py``.
     """
@@ -49,13 +51,14 @@ def setup_comfyui(path: pathlib.Path) -> types.ModuleType:
         sys.path.remove(entry)
     sys.path.insert(0, entry)
     saved_argv = sys.argv
-    sys.argv = ["main.py"] + ([] if torch.cuda.is_available() else ["--cpu"])
+    sys.argv = ["main.py"] + ([] if torch.cuda.is_available() else ["--cpu"]) + list(extra_args)
     try:
         import comfy.options
 
         comfy.options.enable_args_parsing()
         import comfy.model_management  # noqa: F401  (parses the arguments above)
         import comfy.sd  # noqa: F401
+
         import nodes
     finally:
         sys.argv = saved_argv

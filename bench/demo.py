@@ -6,6 +6,7 @@ took, the PSNR of high against lossless, and writes the high image.
 """
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -62,7 +63,7 @@ def run_demo(options: DemoOptions) -> dict:
     with torch.inference_mode():
         for quality in ("lossless", "high"):
             # The first call installs and compiles; on CUDA it is timed apart from the others.
-            timed = measure(lambda: decode(quality), options.device,
+            timed = measure(functools.partial(decode, quality), options.device,
                             repeats + (1 if cuda else 0), warmup=0)
             first_ms = timed.times_ms[0]
             steady = statistics.median(timed.times_ms[1:] or timed.times_ms)

@@ -235,7 +235,9 @@ def comfy_vae(arch: str, seed: int = 0, tiny: bool = False, dtype: torch.dtype |
     """A ``comfy.sd.VAE`` of ``arch`` with seeded random weights, detected from its keys.
 
     ``dtype``/``device`` default to ComfyUI's own choice (``vae_dtype``/``vae_device``), which is
-    what a user gets. Requires ComfyUI to be importable (see ``bench.comfyui``).
+    what a user gets. Requires ComfyUI to be importable (see ``bench.comfyui``). A tiny VAE's
+    state dict cannot be loaded back by ComfyUI's own loaders (they build full widths); a
+    full-size one can (e.g. saved as safetensors for a server test).
     """
     import comfy.sd
 

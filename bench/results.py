@@ -67,6 +67,15 @@ def write_json(path: str, environment: dict, results: list[CaseResult]) -> None:
         f.write("\n")
 
 
+def read_json(path: str) -> tuple[dict, list[CaseResult]]:
+    """(environment, results) of a file ``write_json`` wrote, e.g. for a later report."""
+    with open(path, encoding="utf-8") as f:
+        payload = json.load(f)
+    if payload.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a bench result file of schema {SCHEMA}")
+    return payload["environment"], [CaseResult(**row) for row in payload["results"]]
+
+
 def _ms(value: float | None) -> str:
     return "—" if value is None or not math.isfinite(value) else f"{value:.1f}"
 

@@ -31,6 +31,7 @@ class BenchOptions:
     device: torch.device | None = None  # None: ComfyUI's VAE device (diffusers needs one)
     dtype: torch.dtype | None = None  # None: ComfyUI's VAE dtype (diffusers needs one)
     comfyui: str | None = None  # a ComfyUI tree; None = diffusers models
+    comfyui_args: list[str] = field(default_factory=list)  # more ComfyUI command-line flags
     repeats: int | None = None  # None: 5 for images, 3 for video
     warmup: int = 1
     precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
@@ -119,7 +120,7 @@ def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
         except Exception as exc:  # the precision node refuses this VAE: report, keep going
             row.skipped = f"{type(exc).__name__}: {exc}".splitlines()[0]
         else:
-            _guarded(lambda: measure_subject(case, variant, options, row), row)
+            _guarded(measure_subject, row, case, variant, options, row)
             if base.stock_ms and row.high_ms:
                 row.high_speedup_vs_base_stock = base.stock_ms / row.high_ms
             del variant
@@ -129,9 +130,9 @@ def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
     return rows
 
 
-def _guarded(work, row: CaseResult) -> None:
+def _guarded(work, row: CaseResult, *args) -> None:
     try:
-        work()
+        work(*args)
     except Exception as exc:  # one failing case must not lose the others' numbers
         row.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         log(f"{row.label}: ERROR {row.error}")
@@ -153,7 +154,7 @@ def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
             base.skipped = reason
             log(f"{case.name}: skipped ({reason})")
             return rows
-        _guarded(lambda: measure_subject(case, subject, options, base), base)
+        _guarded(measure_subject, base, case, subject, options, base)
         if case.video and options.precisions and base.error is None:
             rows += _precision_rows(case, subject, options, base)
     except Exception as exc:
@@ -162,7 +163,7 @@ def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
         traceback.print_exc(file=sys.stderr)
     finally:
         release(subject)
-        del subject
+        subject = None  # drop the model before asking the allocator to give memory back
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -172,6 +173,7 @@ def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
 def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     info = {"python": platform.python_version(), "torch": torch.__version__,
             "device": str(options.device or "ComfyUI's VAE device"), "comfyui": options.comfyui,
+            "comfyui_args": options.comfyui_args,
             "comfyui_version": comfyui_version, "seed": options.seed,
             "warmup": options.warmup, "repeats": options.repeats,
             "argv": sys.argv[1:]}
@@ -195,7 +197,7 @@ def run_bench(options: BenchOptions) -> list[CaseResult]:
 
         path = comfyui_path(options.comfyui)
         log(f"loading ComfyUI from {path}")
-        nodes, version = setup_comfyui(path), comfyui_version(path)
+        nodes, version = setup_comfyui(path, options.comfyui_args), comfyui_version(path)
     env = environment(options, version)
     log(f"torch {env['torch']}, triton {env['triton']}, diffusers {env['diffusers']}, "
         f"ComfyUI {version or 'not used'}, device {env.get('gpu', env['device'])}")

@@ -14,7 +14,6 @@ import os
 
 import pytest
 import torch
-
 from comfy_env import comfy_nodes, requires_comfyui
 from fast_vae_decode.bench import models
 from fast_vae_decode.bench.timing import psnr_db, to_unit_range
@@ -32,7 +31,7 @@ def test_init_weights_is_seeded():
     a = models.init_weights_(_Small(), seed=3)
     b = models.init_weights_(_Small(), seed=3)
     c = models.init_weights_(_Small(), seed=4)
-    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters()):
+    for (name, pa), pb, pc in zip(a.named_parameters(), b.parameters(), c.parameters(), strict=True):
         assert torch.equal(pa, pb), name
         if not name.startswith("norm"):
             assert not torch.equal(pa, pc), name

@@ -14,10 +14,9 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import REPO
 from fast_vae_decode.bench.cli import main
-from fast_vae_decode.bench.results import SCHEMA
+from fast_vae_decode.bench.results import SCHEMA, read_json
 
 # Every field a measured row must carry (the later Markdown/plot report reads these).
 MEASURED_FIELDS = (
@@ -59,11 +58,11 @@ def kl_bench(tmp_path_factory):
     pytest.importorskip("diffusers")
     path = tmp_path_factory.mktemp("bench") / "kl.json"
     code, text = run_cli(["bench", "--cases", "tiny-sdxl", "--json", str(path), *QUICK])
-    return code, text, json.loads(path.read_text())
+    return code, text, json.loads(path.read_text()), path
 
 
 def test_bench_writes_json_with_every_field(kl_bench):
-    code, text, data = kl_bench
+    code, text, data, path = kl_bench
     assert code == 0
     assert data["schema"] == SCHEMA
     assert data["environment"]["torch"] and data["environment"]["device"] == "cpu"
@@ -72,15 +71,17 @@ def test_bench_writes_json_with_every_field(kl_bench):
     for name in MEASURED_FIELDS:
         assert name in row, name
     assert row["backend"] == "diffusers" and row["case"] == "tiny-sdxl"
-    for path in ("stock", "high", "lossless"):
-        assert len(row["times_ms"][path]) == 1
-        assert row[f"{path}_ms"] > 0
+    for decode in ("stock", "high", "lossless"):
+        assert len(row["times_ms"][decode]) == 1
+        assert row[f"{decode}_ms"] > 0
     assert row["output_shape"] == [1, 3, 16, 16]
     assert "| tiny-sdxl | diffusers | float32 |" in text  # the Markdown table row
+    _, (result,) = read_json(str(path))  # what a later report reads back
+    assert result.label == "tiny-sdxl" and result.lossless_ms == row["lossless_ms"]
 
 
 def test_bench_reports_lossless_bit_exact_and_a_finite_high(kl_bench):
-    _, _, data = kl_bench
+    _, _, data, _ = kl_bench
     (row,) = data["results"]
     assert row["lossless_bit_exact"] is True
     assert row["stock_bit_exact_after_install"] is True
