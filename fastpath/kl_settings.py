@@ -15,9 +15,15 @@ import torch
 
 @dataclass
 class KLSettings:
+    """Defaults chosen on one H200 (torch 2.11, bf16, SDXL-layout diffusers decoder, random
+    seeded weights; fast decode in ms at 1024² / 2048² output, same run, 2026-11-29, before the
+    bias-add kernel: chunked attention 24.6 / 114.6, SDPA 26.9 / 159.8; transposed upsample
+    24.6 / 109.1, sub-pixel 30.2 / 147.7, stock 28.8 / 130.2; cuDNN benchmark on 24.7 / 112.1
+    against 24.6 / 109.1 off; fp32 scores 25.1 / 128.9 for the same 56 / 57 dB PSNR)."""
+
     # "chunked" (matmul + softmax by query chunks), "sdpa" (torch SDPA: the stock kernel at
     # d=512) or "auto" (chunked from ``chunked_min_tokens`` tokens up, where SDPA's
-    # memory-efficient kernel is slow).
+    # memory-efficient kernel is slower; below that size neither matters).
     attention: str = "auto"
     chunked_min_tokens: int = 8192
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
@@ -26,7 +32,7 @@ class KLSettings:
     # (2x2 conv to 4*C channels + pixel shuffle) or "stock" (interpolate, then the 3x3 conv).
     upsample: str = "transposed"
     # cuDNN autotuning inside the open gate only (None: leave the global flag as it is).
-    # Channels-last convs under cuDNN's heuristics are sometimes slower than contiguous ones.
+    # Measured no gain for these channels-last convs, and autotuning costs the first decode.
     cudnn_benchmark: bool | None = None
 
 

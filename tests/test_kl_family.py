@@ -224,6 +224,20 @@ def test_diffusers_decoder_with_an_odd_conv_in_stays_stock_alone():
     assert report.fused == TINY_FUSED - 1 and "Conv3d" in report.skipped["decoder"]
 
 
+def test_decoder_with_a_foreign_child_stays_stock_and_exact():
+    stock = tiny_vae()
+    stock.decoder.up_blocks[0].upsamplers[0] = torch.nn.Upsample(scale_factor=2.0)
+    model = copy.deepcopy(stock)
+    report = install.install_fast_path(model)
+    assert "Upsample" in report.skipped["decoder"] and report.fused == TINY_FUSED - 2
+    z = _latent()
+    expected = _decode(stock, z)[0]
+    assert torch.equal(_decode(model, z, is_open=False)[0], expected)
+    out, stats = _decode(model, z, is_open=True)  # the blocks still fuse, one by one
+    assert stats.fused_calls == TINY_FUSED - 2 and out.is_contiguous()
+    assert _rel_err(out, expected) < REL_TOL
+
+
 def _comfy_named(name: str, base=torch.nn.Module, module="comfy.ldm.modules.diffusionmodules.model"):
     """A stand-in class with ComfyUI's qualified name (recognition is by name only)."""
     return type(name, (base,), {"__module__": module})

@@ -159,15 +159,31 @@ def diffusers_upsample_reason(m) -> str | None:
     return conv_static_reason(m.conv if m.name == "conv" else m.Conv2d_0, 3, 1)
 
 
+def _children_reason(pairs) -> str | None:
+    """The fused decoder calls its children with the stock calls of these classes only."""
+    for module, expected in pairs:
+        if stock_class_name(module) not in expected:
+            return f"decoder child {type(module).__name__} is not {expected[0].rsplit('.', 1)[1]}"
+    return None
+
+
 def comfy_decoder_reason(d) -> str | None:
     if not isinstance(d.conv_in, torch.nn.Conv2d):
         return "3-D (video) KL decoder"
     if getattr(d, "give_pre_end", False) or getattr(d, "carried", False):
         return "decoder variant (give_pre_end / carried convs)"
-    if not hasattr(d, "mid") or not all(hasattr(lv, "block") and hasattr(lv, "attn") for lv in d.up):
-        return "decoder layout differs"
-    if any(not hasattr(lv, "upsample") for lv in list(d.up)[1:]):
-        return "decoder layout differs"
+    pairs = [(d.mid.block_1, (COMFY_RESNET,)), (d.mid.attn_1, (COMFY_ATTN,)),
+             (d.mid.block_2, (COMFY_RESNET,))]
+    for i_level, level in enumerate(d.up):
+        if len(level.attn) not in (0, len(level.block)):
+            return "decoder layout differs"
+        pairs += [(b, (COMFY_RESNET,)) for b in level.block]
+        pairs += [(a, (COMFY_ATTN,)) for a in level.attn]
+        if i_level != 0:
+            pairs.append((level.upsample, (COMFY_UPSAMPLE,)))
+    reason = _children_reason(pairs)
+    if reason is not None:
+        return reason
     return _first(_norms_reason(d.norm_out), conv_static_reason(d.conv_in, 3, 1),
                   conv_static_reason(d.conv_out, 3, 1))
 
@@ -182,6 +198,15 @@ def diffusers_decoder_reason(d) -> str | None:
     for up in d.up_blocks:
         if stock_class_name(up) != DIFFUSERS_UP_BLOCK:
             return f"up block {type(up).__name__}"
+    mid = d.mid_block
+    pairs = [(r, (DIFFUSERS_RESNET,)) for r in mid.resnets]
+    pairs += [(a, (DIFFUSERS_ATTENTION,)) for a in mid.attentions if a is not None]
+    for up in d.up_blocks:
+        pairs += [(r, (DIFFUSERS_RESNET,)) for r in up.resnets]
+        pairs += [(u, (DIFFUSERS_UPSAMPLE,)) for u in (up.upsamplers or ())]
+    reason = _children_reason(pairs)
+    if reason is not None:
+        return reason
     return _first(_norms_reason(d.conv_norm_out), conv_static_reason(d.conv_in, 3, 1),
                   conv_static_reason(d.conv_out, 3, 1))
 
