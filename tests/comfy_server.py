@@ -34,8 +34,8 @@ class ComfyServer:
         self.log = base / "server.log"
         self.proc: subprocess.Popen | None = None
 
-    def start(self, timeout: float = 240.0) -> "ComfyServer":
-        env = dict(os.environ, TRITON_INTERPRET="0", PYTHONUNBUFFERED="1")
+    def start(self, timeout: float = 240.0, env: dict | None = None) -> "ComfyServer":
+        env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONUNBUFFERED": "1", **(env or {})}
         cmd = [sys.executable, "main.py", "--cpu", "--listen", "127.0.0.1",
                "--port", str(self.port), "--base-directory", str(self.base),
                "--disable-auto-launch", "--database-url", "sqlite:///:memory:"]
