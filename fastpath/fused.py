@@ -22,6 +22,9 @@ def weights_off_device(module: torch.nn.Module, device: torch.device) -> bool:
     return any(p.device != device for p in module.parameters(recurse=True))
 
 
+DISABLED = "fast path disabled after a kernel error"
+
+
 class FusedModule:
     """Mixin; subclasses define ``fast_unsupported(*args)`` and ``fast_forward(*args)``."""
 
@@ -36,7 +39,10 @@ class FusedModule:
 
     def forward(self, *args, **kwargs):
         gate = self._fvd_gate
-        if gate is None or self._fvd_disabled is not None or not gate.allows_fast_path():
+        if gate is None or not gate.allows_fast_path():
+            return super().forward(*args, **kwargs)
+        if self._fvd_disabled is not None:
+            gate.stats.fell_back(DISABLED)
             return super().forward(*args, **kwargs)
         reason = self.fast_unsupported(*args, **kwargs)
         if reason is not None:
@@ -51,6 +57,7 @@ class FusedModule:
         except Exception as exc:  # a broken kernel must never lose the result
             self._fvd_disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             gate.stats.fell_back(f"kernel error in {type(self).__name__}")
+            gate.stats.kernel_errors.append(type(self).__name__)
             log_once(f"broken:{id(self)}",
                      f"{type(self).__name__}: fast path raised ({self._fvd_disabled}); "
                      "disabled for this module for the session, using the stock path",

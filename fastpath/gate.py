@@ -18,10 +18,13 @@ import torch
 
 @dataclass
 class RunStats:
-    """What happened inside one open gate: fused calls and per-reason fallbacks."""
+    """What happened inside one open gate: fused calls, per-reason fallbacks, kernel errors."""
 
     fused_calls: int = 0
     fallbacks: dict[str, int] = field(default_factory=dict)
+    # Fused modules whose fast path raised during this decode (each is disabled from then on);
+    # the decode's result mixes fast and stock layers, so the caller re-runs it stock.
+    kernel_errors: list[str] = field(default_factory=list)
 
     def fell_back(self, reason: str) -> None:
         self.fallbacks[reason] = self.fallbacks.get(reason, 0) + 1

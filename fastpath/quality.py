@@ -82,9 +82,21 @@ def decode_at_quality(vae: object, quality: str, decode: Callable[[], T]) -> tup
     start = time.perf_counter()
     with gates_opened(vae, want_fast) as stats:
         result = decode()
+    broken = sorted({name for s in stats for name in s.kernel_errors})
+    if broken:
+        # The modules that raised returned their stock output inside an otherwise fused
+        # decode; the caller asked for a result, and the only exact one is a stock decode.
+        # They are disabled now, so this happens once per broken module per session.
+        del result
+        with gates_opened(vae, False):
+            result = decode()
     outcome.ms = (time.perf_counter() - start) * 1e3
     if quality == "high":
         _classify(outcome, stats)
+        if broken:
+            outcome.path = "fallback"
+            outcome.reason = (f"kernel error in {', '.join(broken)} (disabled for this session); "
+                              "decoded again on the stock path")
         if outcome.path == "fallback":
             log_once(f"fallback:{outcome.reason}", f"high quality took the stock path: {outcome.reason}")
     return result, outcome
