@@ -1,0 +1,230 @@
+"""ComfyUI's low-VRAM modes: the fast path steps aside per module where ComfyUI streams weights.
+
+When a model does not fit, ComfyUI's ``ModelPatcher`` (``load`` on a partial budget,
+``partially_unload`` when another model needs the room, every module under ``--novram``)
+leaves a module's weights on the offload device and sets, on that module instance,
+``prev_comfy_cast_weights`` (the old value), ``comfy_cast_weights = True`` and empty
+``weight_function``/``bias_function`` lists (LoRA patches go there as ``LowVramPatch``es);
+``comfy_patched_weights`` is False for it. Its ``comfy.ops`` forward then casts or copies the
+weights to the input's device on every call. Such a module must take that stock path; the rest
+of the decoder stays fast.
+
+Tier 2 (CPU, ``COMFYUI_PATH``): the fast path really runs, under ``TRITON_INTERPRET=1``.
+Tier 3 (``cuda`` and ``COMFYUI_PATH``): weights on the CPU while the latent is on the GPU.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
+
+pytestmark = [requires_comfyui, pytest.mark.comfyui]
+
+LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE takes seconds
+
+# fp32 on the CPU, fast vs stock: reordered sums of a few ULPs compounded over the decoder's
+# layers, measured ~2e-6 of the output range for this VAE; 1e-4 still catches a wrong layer.
+REL_TOL = 1e-4
+LOW_VRAM = "weights cast per call (ComfyUI low-VRAM mode)"
+
+
+@pytest.fixture(scope="module")
+def pack():
+    return loaded_pack()
+
+
+@pytest.fixture()
+def interpreter(monkeypatch):
+    # The fast path runs on CPU tensors only under the interpreter; without it every module
+    # would be stock here and the per-module fallback would be invisible.
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+
+
+def _tiny_vae():
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    return comfy_vae("sdxl", seed=0, tiny=True)
+
+
+def _latent(shape=LATENT, seed=1, device="cpu"):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+
+
+def _rel_err(a, b):
+    return ((a.float() - b.float()).abs().max() / (b.float().max() - b.float().min())).item()
+
+
+def _stock_node(vae, z):
+    return comfy_nodes().VAEDecode().decode(vae, {"samples": z})[0]
+
+
+def _fast_node(pack, vae, z, quality):
+    out = pack["FastVAEDecode"].execute(samples={"samples": z}, vae=vae, quality=quality)
+    return out.args[0], out.ui["fast_vae_decode"][0]
+
+
+def _mark_offloaded(module: torch.nn.Module) -> None:
+    """What ComfyUI's ``ModelPatcher.load`` sets on a module it leaves offloaded."""
+    module.prev_comfy_cast_weights = module.comfy_cast_weights
+    module.comfy_cast_weights = True
+    module.weight_function = []
+    module.bias_function = []
+
+
+def _ops_leaves(root: torch.nn.Module) -> list[torch.nn.Module]:
+    return [m for m in root.modules() if hasattr(m, "comfy_cast_weights")]
+
+
+def _count_cast_calls(monkeypatch, modules) -> dict:
+    """Count each module's trips through ComfyUI's per-call weight cast."""
+    counts = {id(m): 0 for m in modules}
+    for m in modules:
+        stock = m.forward_comfy_cast_weights
+
+        def counted(*args, _m=m, _stock=stock, **kwargs):
+            counts[id(_m)] += 1
+            return _stock(*args, **kwargs)
+
+        monkeypatch.setattr(m, "forward_comfy_cast_weights", counted, raising=False)
+    return counts
+
+
+def test_offloaded_modules_take_comfys_cast_path_and_the_rest_stays_fast(
+        pack, interpreter, monkeypatch):
+    vae = _tiny_vae()
+    decoder = vae.first_stage_model.decoder
+    z = _latent()
+    with torch.inference_mode():
+        _stock_node(vae, z)  # ComfyUI loads the model (fully: --cpu has room for it)
+    # Offload one whole level (res blocks and upsample) and one attention projection, as a
+    # partial load does when the budget ends there; the model stays "loaded", so later
+    # decodes through load_models_gpu keep this state (partially_load returns early).
+    offloaded = _ops_leaves(decoder.up[2]) + [decoder.mid.attn_1.q]
+    for m in offloaded:
+        _mark_offloaded(m)
+    counts = _count_cast_calls(monkeypatch, offloaded)
+    with torch.inference_mode():
+        expected = _stock_node(vae, z)
+        lossless, ui = _fast_node(pack, vae, z, "lossless")
+        assert torch.equal(lossless, expected) and ui["path"] == "lossless"
+        assert all(counts[id(m)] == 2 for m in offloaded)  # VAEDecode and lossless both cast
+        high, ui = _fast_node(pack, vae, z, "high")
+    assert all(counts[id(m)] == 3 for m in offloaded)  # high used ComfyUI's cast path too
+    assert ui["path"] == "high" and LOW_VRAM in ui["text"], ui["text"]
+    assert torch.isfinite(high).all() and _rel_err(high, expected) < REL_TOL
+    with torch.inference_mode():
+        assert torch.equal(_stock_node(vae, z), expected)  # the stock node is untouched
+
+
+def test_comfys_own_partial_unload_falls_back_per_module(pack, interpreter):
+    """ComfyUI's ``ModelPatcher.partially_unload`` (what frees room for another model) marks
+    the modules it offloads itself; decode the decoder in that state, as a sampler's VAE
+    decode between two loads would."""
+    vae = _tiny_vae()
+    model = vae.first_stage_model
+    quality = pack_module("fastpath.quality")
+    z = _latent().to(vae.vae_dtype)
+    with torch.inference_mode():
+        _stock_node(vae, z)
+        before = model.decode(z)
+    patcher = vae.patcher
+    # A quarter of the model: ComfyUI offloads the smallest modules first, so this takes the
+    # norms and some convs of the decoder, not all of it.
+    patcher.partially_unload(patcher.offload_device, memory_to_free=patcher.model_size() // 4)
+    try:
+        cast = [n for n, m in model.decoder.named_modules()
+                if getattr(m, "comfy_cast_weights", False)]
+        kept = [n for n, m in model.decoder.named_modules()
+                if hasattr(m, "comfy_cast_weights") and not m.comfy_cast_weights]
+        assert cast and kept, "partially_unload should offload part of the decoder"
+        with torch.inference_mode():
+            lossless, outcome = quality.decode_at_quality(vae, "lossless", lambda: model.decode(z))
+            assert torch.equal(lossless, before)  # ComfyUI's cast path computes the same
+            high, outcome = quality.decode_at_quality(vae, "high", lambda: model.decode(z))
+        # Some blocks ran fused (path "high"), the offloaded ones took ComfyUI's cast path.
+        assert outcome.path == "high" and LOW_VRAM in outcome.fallbacks, outcome.text()
+        assert torch.isfinite(high).all() and _rel_err(high, before) < REL_TOL
+    finally:
+        import comfy.model_management as mm
+
+        mm.unload_all_models()  # leave no half-loaded model for the next test
+
+
+# --- tier 3: weights on the CPU, latent on the GPU -----------------------------------------
+
+
+def _psnr(a, b) -> float:
+    a, b = a.float(), b.float()
+    mse = torch.mean((a - b) ** 2).item()
+    peak = (b.max() - b.min()).item()
+    return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
+
+
+def _high(vae, z):
+    """High through the loaded pack's decode_at_quality: the node's path, with its stats."""
+    quality = pack_module("fastpath.quality")
+    images, outcome = quality.decode_at_quality(vae, "high", lambda: vae.decode(z))
+    return images, outcome
+
+
+@pytest.fixture()
+def gpu_vae():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (tier 3)")
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    import comfy.model_management as mm
+
+    mm.unload_all_models()
+    vae = comfy_vae("sdxl", seed=0)  # full size, ComfyUI's own device and dtype choice
+    yield vae
+    mm.unload_all_models()
+    mm.soft_empty_cache()
+
+
+@pytest.mark.cuda
+def test_gpu_decoder_with_some_weights_on_the_cpu(pack, gpu_vae):
+    """What ``--novram``/``--lowvram`` leave behind for part of a model: weights on the CPU,
+    cast to the GPU per call. High must not crash and must stay visually lossless."""
+    vae = gpu_vae
+    decoder = vae.first_stage_model.decoder
+    z = _latent((1, 4, 64, 64), seed=2)
+    with torch.inference_mode():
+        _stock_node(vae, z)  # loads the VAE onto the GPU
+        assert decoder.conv_in.weight.is_cuda
+        # One full-resolution level and the mid attention go back to the CPU.
+        for m in _ops_leaves(decoder.up[0]) + _ops_leaves(decoder.mid.attn_1):
+            m.to("cpu")
+            _mark_offloaded(m)
+        assert not decoder.up[0].block[0].conv1.weight.is_cuda
+        expected = _stock_node(vae, z)
+        lossless, _ = _fast_node(pack, vae, z, "lossless")
+        high, outcome = _high(vae, z)
+    assert torch.equal(lossless, expected)
+    assert outcome.path == "high" and LOW_VRAM in outcome.fallbacks, outcome.text()
+    assert torch.isfinite(high).all()
+    assert _psnr(high, expected) >= 50.0
+
+
+@pytest.mark.cuda
+def test_gpu_novram_mode(pack, gpu_vae, monkeypatch):
+    """``--novram``: load_models_gpu gives the VAE a 0.1-byte budget, so ComfyUI itself leaves
+    every ops module offloaded and casts it per call."""
+    import comfy.model_management as mm
+
+    vae = gpu_vae
+    monkeypatch.setattr(mm, "vram_state", mm.VRAMState.NO_VRAM)
+    z = _latent((1, 4, 64, 64), seed=3)
+    with torch.inference_mode():
+        expected = _stock_node(vae, z)
+        assert vae.first_stage_model.decoder.conv_in.comfy_cast_weights
+        lossless, _ = _fast_node(pack, vae, z, "lossless")
+        high, outcome = _high(vae, z)
+    assert torch.equal(lossless, expected)
+    assert LOW_VRAM in outcome.fallbacks, outcome.text()
+    assert torch.isfinite(high).all() and _psnr(high, expected) >= 50.0
