@@ -41,6 +41,14 @@ class Gate:
     def __init__(self) -> None:
         self._local = threading.local()
 
+    # A copied or unpickled model gets a fresh, closed gate (install_fast_path then binds its
+    # fused modules to the copy's own gate): an open gate must never leak into a copy.
+    def __deepcopy__(self, memo) -> "Gate":
+        return Gate()
+
+    def __reduce__(self):
+        return (Gate, ())
+
     @property
     def is_open(self) -> bool:
         return getattr(self._local, "is_open", False)

@@ -36,10 +36,17 @@ def is_swapped(module: torch.nn.Module) -> bool:
 
 
 def swap_in(module: torch.nn.Module, mixin: type, **attrs) -> bool:
-    """Give ``module`` the fused behaviour of ``mixin``; False when it already has one."""
-    if is_swapped(module):
+    """Give ``module`` the fused behaviour of ``mixin`` and set ``attrs`` on it.
+
+    A module that already has exactly this fused class (a deep copy of an installed model, or
+    a second install) keeps it and gets ``attrs`` again, so a copy's modules follow the copy's
+    own gate; False when the module carries another fused class.
+    """
+    stock = type(module).__dict__.get("_fvd_stock_class")
+    if stock is not None and type(module) is not fused_class(mixin, stock):
         return False
-    module.__class__ = fused_class(mixin, type(module))
+    if stock is None:
+        module.__class__ = fused_class(mixin, type(module))
     for name, value in attrs.items():
         # Plain attributes (never Parameters/buffers/Modules): invisible to the state dict.
         object.__setattr__(module, name, value)

@@ -202,3 +202,17 @@ def test_decode_at_quality_outcomes(test_family, monkeypatch):
     with pytest.raises(ValueError, match="high, lossless"):
         quality.decode_at_quality(vae, "best", lambda: vae.decode(z))
     assert not gate_for(vae.first_stage_model).is_open
+
+
+def test_deep_copy_of_an_installed_model_gets_its_own_gate(test_family):
+    model = _model()
+    stock = copy.deepcopy(model)
+    install.install_fast_path(model)
+    twin = copy.deepcopy(model)
+    assert install.install_fast_path(twin).fused == 2
+    z = torch.randn(1, 4, 4, 4)
+    with gate_for(model).opened(True):
+        assert torch.equal(twin(z), stock(z))  # the original's open gate is not the twin's
+    with gate_for(twin).opened(True) as stats:
+        twin(z)
+    assert stats.fused_calls == 2
