@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--run-unsupported", action="store_true",
                        help="measure cases that no fast-path family supports yet")
     bench.add_argument("--json", dest="json_path", default=None, help="write results here")
+    bench.add_argument("--crops", dest="crops_dir", default=None, metavar="DIR",
+                       help="save a center crop of each row's lossless and high output here "
+                            "(<case>[-<precision>]-lossless.png / -high.png; .npy without "
+                            "Pillow)")
+    bench.add_argument("--crops-npz", default=None, metavar="PATH",
+                       help="all crops in one .npz (keys = those file names without "
+                            "extension): one file to bring back, read by 'report'")
+    bench.add_argument("--crop-size", type=int, default=256,
+                       help="crop side in pixels (the whole image when smaller)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
@@ -143,7 +152,9 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
                            comfyui=comfyui, comfyui_args=shlex.split(args.comfyui_args),
                            repeats=args.repeats, warmup=args.warmup,
                            precisions=precisions, run_unsupported=args.run_unsupported,
-                           seed=args.seed, json_path=args.json_path)
+                           seed=args.seed, json_path=args.json_path,
+                           crops_dir=args.crops_dir, crops_npz=args.crops_npz,
+                           crop_size=args.crop_size)
     results = run_bench(options)
     return 1 if any(r.error for r in results) else 0
 

@@ -43,6 +43,9 @@ class CaseResult:
     high_info: dict[str, Any] = field(default_factory=dict)
     lossless_path: str | None = None
     times_ms: dict[str, list[float]] = field(default_factory=dict)
+    # --crops / --crops-npz: path -> crop key (file name without extension), where it was cut
+    # (frame, box [top, left, h, w]) and the files written; see bench/crops.py.
+    crops: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:

@@ -14,6 +14,7 @@ import platform
 import sys
 import traceback
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -38,6 +39,10 @@ class BenchOptions:
     run_unsupported: bool = False
     seed: int = 0
     json_path: str | None = None
+    crops_dir: str | None = None  # center crops of lossless / high per row, as PNG files
+    crops_npz: str | None = None  # ... and/or all of them in one .npz
+    crop_size: int = 256
+    crop_store: Any = field(default=None, repr=False)  # a bench.crops.CropStore, set by run_bench
 
 
 def log(message: str) -> None:
@@ -99,6 +104,13 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
                    to_unit_range(lossless_images, subject.signed))
     result.high_identical_to_lossless = psnr == math.inf
     result.psnr_high_vs_lossless_db = psnr if math.isfinite(psnr) else None
+    if options.crop_store is not None:
+        from .crops import crop_stem
+
+        result.crops = options.crop_store.add(
+            crop_stem(case.name, result.precision),
+            {"lossless": lossless_images, "high": high_images},
+            signed=subject.signed, video=case.video)
     log(f"{result.label}: high {result.high_speedup:.2f}x, lossless "
         f"{result.lossless_speedup:.2f}x, PSNR "
         f"{'identical' if result.high_identical_to_lossless else f'{psnr:.1f} dB'}, "
@@ -201,16 +213,25 @@ def run_bench(options: BenchOptions) -> list[CaseResult]:
     env = environment(options, version)
     log(f"torch {env['torch']}, triton {env['triton']}, diffusers {env['diffusers']}, "
         f"ComfyUI {version or 'not used'}, device {env.get('gpu', env['device'])}")
+    if options.crops_dir or options.crops_npz:
+        from .crops import CropStore
+
+        options.crop_store = CropStore(options.crops_dir, options.crops_npz, options.crop_size)
     results: list[CaseResult] = []
     with torch.inference_mode():
         for case in options.cases:
             results += run_case(case, options, nodes)
-            if options.json_path:  # rewritten after each case, so a cut-off run keeps its numbers
+            # Rewritten after each case, so a cut-off run keeps its numbers and crops.
+            if options.json_path:
                 write_json(options.json_path, env, results)
+            if options.crop_store is not None:
+                options.crop_store.flush()
     print(markdown_table(results), flush=True)
     if options.json_path:
         write_json(options.json_path, env, results)
         log(f"wrote {options.json_path}")
+    if options.crop_store is not None:
+        log(f"wrote crops: {', '.join(p for p in (options.crops_dir, options.crops_npz) if p)}")
     return results
 
 
