@@ -1,4 +1,5 @@
-"""Command line: ``python -m fast_vae_decode <demo|bench> [options]``; ``main(argv)`` for tests."""
+"""Command line: ``python -m fast_vae_decode <demo|bench|report> [options]``; ``main(argv)`` for
+tests."""
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m fast_vae_decode",
-        description="Fast VAE Decode: demo on an embedded model, or benchmark against stock.")
+        description="Fast VAE Decode: demo on an embedded model, benchmark against stock, "
+                    "report a benchmark.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(
@@ -97,7 +99,30 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
+    report = sub.add_parser(
+        "report", help="Markdown report + PNG plots from a bench JSON (needs matplotlib)",
+        description="Writes OUT/README.md (environment, command, every row) and plots: time "
+                    "per case, PSNR per row, and for rows with crops lossless | high | their "
+                    "amplified difference.")
+    report.add_argument("--json", dest="json_path", required=True, help="bench --json output")
+    report.add_argument("--crops-npz", default=None, metavar="PATH", help="bench --crops-npz")
+    report.add_argument("--crops", dest="crops_dir", default=None, metavar="DIR",
+                        help="bench --crops folder (when there is no .npz)")
+    report.add_argument("--out", default="docs/benchmark", help="folder for README.md + PNGs")
     return parser
+
+
+def _report(args) -> int:
+    from .report import write_report
+
+    try:
+        readme = write_report(args.json_path, args.out, crops_npz=args.crops_npz,
+                              crops_dir=args.crops_dir)
+    except RuntimeError as exc:  # matplotlib missing
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {readme}")
+    return 0
 
 
 def _fresh_triton_cache() -> None:
@@ -165,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_diffusers()
     if args.command == "demo":
         return _demo(args)
+    if args.command == "report":
+        return _report(args)
     return _bench(args, parser)
 
 

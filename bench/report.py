@@ -1,0 +1,259 @@
+"""``python -m fast_vae_decode report``: a bench JSON (and its crops) -> README.md + PNG plots.
+
+Everything comes from the files the bench wrote, so a report can be made on a machine other
+than the one that measured. The Markdown is plain text (``report_markdown``, no plotting
+library); the plots need matplotlib (the ``report`` extra).
+"""
+from __future__ import annotations
+
+import math
+import pathlib
+import shlex
+
+from .results import CaseResult, read_json
+
+DIFF_GAIN = 20  # |high - lossless| in 8-bit levels, times this: 1 level becomes visible
+PSNR_BAR_DB = 50.0  # TARGETS.md: high must stay at or above this against lossless
+MATPLOTLIB_MISSING = ("the report's plots need matplotlib: pip install matplotlib "
+                      "(or the package's 'report' extra)")
+
+
+def require_matplotlib():
+    """matplotlib.pyplot on the non-interactive Agg back end, or RuntimeError saying what to do."""
+    try:
+        import matplotlib
+    except ImportError as exc:
+        raise RuntimeError(MATPLOTLIB_MISSING) from exc
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def measured(results: list[CaseResult]) -> list[CaseResult]:
+    return [r for r in results if not r.skipped and not r.error and r.stock_ms is not None]
+
+
+def command_line(env: dict) -> str:
+    """The bench command as it was run (ComfyUI from the environment variable when not given)."""
+    argv = env.get("argv") or []
+    line = "python -m fast_vae_decode " + shlex.join(argv)
+    if env.get("comfyui") and not any(a.startswith("--comfyui") and "args" not in a
+                                      for a in argv):
+        line = f"COMFYUI_PATH={shlex.quote(str(env['comfyui']))} {line}"
+    return line
+
+
+def _num(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.2f}x"
+
+
+def _flag(value: bool | None) -> str:
+    return "—" if value is None else ("yes" if value else "**NO**")
+
+
+def _psnr(r: CaseResult) -> str:
+    if r.high_identical_to_lossless:
+        return "identical"
+    text = _num(r.psnr_high_vs_lossless_db)
+    if r.psnr_high_vs_lossless_db is not None and r.psnr_high_vs_lossless_db < PSNR_BAR_DB:
+        text = f"**{text}**"
+    return text if r.high_finite in (None, True) else f"{text} **NaN/Inf**"
+
+
+def _peak(r: CaseResult) -> str:
+    values = [r.peak_extra_mib.get(k) for k in ("stock", "lossless", "high")]
+    if all(v is None for v in values):
+        return "—"
+    return " / ".join(_num(v, 0) for v in values)
+
+
+COLUMNS = ("case", "precision", "back end", "dtype", "stock ms", "lossless ms", "high ms",
+           "lossless vs stock", "high vs stock", "high vs base stock", "PSNR high vs lossless dB",
+           "lossless bit-exact", "stock unchanged after install",
+           "peak extra MiB stock / lossless / high", "first high ms", "first-decode overhead ms",
+           "high path")
+
+
+def results_table(results: list[CaseResult]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
+    for r in results:
+        head = [r.case, r.precision or "as loaded", r.backend or "—"]
+        if r.skipped or r.error:
+            why = f"skipped: {r.skipped}" if r.skipped else f"error: {r.error}"
+            lines.append("| " + " | ".join(head + [""] * (len(COLUMNS) - 4) + [why]) + " |")
+            continue
+        cells = head + [
+            r.dtype or "—", _num(r.stock_ms), _num(r.lossless_ms), _num(r.high_ms),
+            _ratio(r.lossless_speedup), _ratio(r.high_speedup),
+            _ratio(r.high_speedup_vs_base_stock), _psnr(r), _flag(r.lossless_bit_exact),
+            _flag(r.stock_bit_exact_after_install), _peak(r), _num(r.first_high_ms),
+            _num(r.first_high_overhead_ms), (r.high_path or "").replace("|", "/")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+ENV_KEYS = (("gpu", "GPU"), ("device", "device"), ("torch", "torch"), ("triton", "Triton"),
+            ("triton_unavailable", "Triton unavailable because"), ("diffusers", "diffusers"),
+            ("comfyui_version", "ComfyUI"), ("comfyui", "ComfyUI tree"),
+            ("python", "Python"), ("seed", "seed"), ("warmup", "warm-up decodes"),
+            ("repeats", "timed decodes (None: 5 images / 3 video)"))
+
+
+def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
+                    crop_figures: dict[str, tuple[str, str]]) -> str:
+    """The README text. ``plots``: "time"/"psnr" -> file name; ``crop_figures``: row label ->
+    (file name, caption)."""
+    out = ["# Fast VAE Decode benchmark", "",
+           "Stock (ComfyUI's `VAEDecode`, or the diffusers decode without ComfyUI) against this "
+           "pack's `lossless` and `high` qualities, in one process, on seeded random-weight VAEs "
+           "of each architecture. Times are medians of the timed decodes (CUDA events); the "
+           "first high decode (install + kernel compilation) is timed alone.", "",
+           "## Environment", ""]
+    for key, name in ENV_KEYS:
+        value = env.get(key)
+        if value not in (None, "", []):
+            out.append(f"- {name}: `{value}`")
+    if env.get("comfyui_args"):
+        out.append(f"- ComfyUI flags: `{shlex.join(env['comfyui_args'])}`")
+    out += ["", "Made with:", "", "```", command_line(env), "```", "",
+            "## Results", "",
+            "Ratios are stock time / path time (above 1x is faster). `high vs base stock`: a "
+            "decode-precision row's high time against stock with the VAE as loaded. PSNR is high "
+            f"against lossless on [0, 1] images; the bar is {PSNR_BAR_DB:.0f} dB. Peak extra "
+            "memory is what a decode allocates on top of weights and inputs (CUDA only). "
+            "First-decode overhead = first high decode - median high decode.", "",
+            results_table(results), ""]
+    if "time" in plots:
+        out += ["## Decode time", "", f"![decode time per case]({plots['time']})", ""]
+    if "psnr" in plots:
+        out += ["## Quality of high", "",
+                f"![PSNR of high against lossless per row]({plots['psnr']})", ""]
+    if crop_figures:
+        out += ["## Crops", ""]
+        for label, (name, caption) in crop_figures.items():
+            out += [f"### {label}", "", f"![{label}: lossless, high, difference]({name})", "",
+                    caption, ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def plot_times(plt, results: list[CaseResult], path: pathlib.Path) -> bool:
+    """Grouped bars per case: stock, lossless, high, and high at each decode precision."""
+    base = [r for r in measured(results) if r.precision is None]
+    if not base:
+        return False
+    precisions = list(dict.fromkeys(r.precision for r in measured(results) if r.precision))
+    series = {"stock": [r.stock_ms for r in base], "lossless": [r.lossless_ms for r in base],
+              "high": [r.high_ms for r in base]}
+    for p in precisions:
+        by_case = {r.case: r.high_ms for r in measured(results) if r.precision == p}
+        series[f"high @{p}"] = [by_case.get(r.case) for r in base]
+    values = [v for vs in series.values() for v in vs if v]
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(base) + 2), 4.5))
+    width = 0.8 / len(series)
+    for i, (name, vs) in enumerate(series.items()):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(base))]
+        ax.bar(xs, [v if v else math.nan for v in vs], width, label=name)
+    ax.set_xticks(range(len(base)), [r.case for r in base], rotation=20, ha="right")
+    # Cases span small images to long videos: a log axis keeps every group readable.
+    if max(values) / min(values) > 30:
+        ax.set_yscale("log")
+    ax.set_ylabel("median decode time, ms" + (" (log)" if ax.get_yscale() == "log" else ""))
+    ax.set_title("Decode time per case (lower is better)")
+    ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_psnr(plt, results: list[CaseResult], path: pathlib.Path) -> bool:
+    rows = measured(results)
+    if not rows:
+        return False
+    finite = [r.psnr_high_vs_lossless_db for r in rows if r.psnr_high_vs_lossless_db is not None]
+    top = max(finite + [PSNR_BAR_DB]) + 10  # where "identical" rows are drawn
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows) + 2), 4.5))
+    for i, r in enumerate(rows):
+        if r.high_identical_to_lossless:
+            ax.bar(i, top, color="lightgray", hatch="//")
+            ax.text(i, top, "identical", ha="center", va="bottom", fontsize="small")
+        elif r.psnr_high_vs_lossless_db is not None:
+            db = r.psnr_high_vs_lossless_db
+            ax.bar(i, db, color="tab:green" if db >= PSNR_BAR_DB else "tab:red")
+            ax.text(i, db, f"{db:.1f}", ha="center", va="bottom", fontsize="small")
+    ax.axhline(PSNR_BAR_DB, color="black", linestyle="--", linewidth=1)
+    ax.text(len(rows) - 0.5, PSNR_BAR_DB, f" {PSNR_BAR_DB:.0f} dB", va="bottom", ha="right")
+    ax.set_xticks(range(len(rows)), [r.label for r in rows], rotation=20, ha="right")
+    ax.set_ylim(0, top * 1.1)
+    ax.set_ylabel("PSNR of high against lossless, dB")
+    ax.set_title("Quality of high (higher is better)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def crop_caption(r: CaseResult, max_diff: int) -> str:
+    c = r.crops
+    top, left, h, w = c.get("box", [0, 0, 0, 0])
+    where = (f"frame {c['frame']} of {c['of_frames']}, " if c.get("frame") is not None else "")
+    return (f"Left: lossless; middle: high; right: |high - lossless| x {DIFF_GAIN} in 8-bit "
+            f"levels (clipped at 255; largest difference {max_diff} levels). Center crop "
+            f"{h}x{w} at ({top}, {left}) of the {'x'.join(map(str, c.get('image_size', [])))} "
+            f"output, {where}8-bit.")
+
+
+def plot_crops(plt, r: CaseResult, crops: dict, path: pathlib.Path) -> int | None:
+    """Lossless | high | amplified difference; returns the largest difference (8-bit levels)."""
+    import numpy as np
+
+    lossless, high = crops.get(r.crops.get("lossless")), crops.get(r.crops.get("high"))
+    if lossless is None or high is None:
+        return None
+    diff = np.abs(high.astype(np.int16) - lossless.astype(np.int16))
+    amplified = np.clip(diff * DIFF_GAIN, 0, 255).astype(np.uint8)
+    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4))
+    titles = ("lossless", "high", f"|high - lossless| x {DIFF_GAIN}")
+    for ax, image, title in zip(axes, (lossless, high, amplified), titles, strict=True):
+        ax.imshow(image, interpolation="nearest")
+        ax.set_title(title)
+        ax.axis("off")
+    fig.suptitle(r.label)
+    fig.tight_layout(rect=(0, 0, 1, 0.94))  # leave the top for the suptitle
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return int(diff.max())
+
+
+def write_report(json_path: str, out_dir: str, crops_npz: str | None = None,
+                 crops_dir: str | None = None) -> pathlib.Path:
+    """Write ``out_dir``/README.md and its PNG plots; returns the README's path."""
+    plt = require_matplotlib()
+    from .crops import load_crops
+
+    env, results = read_json(json_path)
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plots = {}
+    if plot_times(plt, results, out / "time.png"):
+        plots["time"] = "time.png"
+    if plot_psnr(plt, results, out / "psnr.png"):
+        plots["psnr"] = "psnr.png"
+    crops = load_crops(crops_npz, crops_dir) if (crops_npz or crops_dir) else {}
+    figures = {}
+    for r in measured(results):
+        if not r.crops:
+            continue
+        name = f"crop-{r.crops['lossless'].removesuffix('-lossless')}.png"
+        max_diff = plot_crops(plt, r, crops, out / name)
+        if max_diff is not None:
+            figures[r.label] = (name, crop_caption(r, max_diff))
+    readme = out / "README.md"
+    readme.write_text(report_markdown(env, results, plots, figures), encoding="utf-8")
+    return readme
