@@ -2,11 +2,12 @@
 ``AutoencoderKLWan``), installed by class swap (see ``families/wan.py``).
 
 While the gate is open activations are channels-last-3d from the first fused module on. The
-stock modules left in between (``Resample``, Wan 2.2's ``DupUp3D`` shortcut, the decoder's own
-loop) only reshape, slice, concatenate and convolve, which work in any layout (tests run them on
-channels-last-3d inputs); the one stock computation that
-``view``s its input (ComfyUI's VAE attention) is behind ``FusedWanAttention``, which hands the
-stock path a contiguous tensor.
+stock code left in between (the decoder's own loop, Wan 2.2's ``Up_ResidualBlock`` and
+``DupUp3D`` shortcut) and the stock path of a fused module that falls back (``Resample``, the
+residual block) only reshape, slice, concatenate and convolve, which work in any layout (the
+tests run them on channels-last-3d inputs); the one stock computation that ``view``s its input
+(ComfyUI's VAE attention) is behind ``FusedWanAttention``, which hands the stock path a
+contiguous tensor.
 
 The frame cache (``feat_cache``/``feat_idx``) is state that outlives one call: ``FusedModule``
 re-runs the stock ``forward`` with the same arguments when ``fast_forward`` raises, which is
@@ -21,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
+from .cache import cached
 from .fused import FusedModule
 from .wan_ops import (
     CL3D,
@@ -180,10 +183,79 @@ class FusedWanAttention(FusedModule):
         return o + identity
 
 
+class FusedWanResample(FusedModule):
+    """The decoder's ``upsample2d``/``upsample3d`` ``Resample`` (ComfyUI) / ``WanResample``.
+
+    ``upsample3d`` first doubles the frames: its ``time_conv`` makes 2C channels per frame and
+    the two halves become consecutive frames. The first chunk of a decode skips that (the
+    cache slot is set to the marker ``"Rep"``); the next one convolves without cached frames;
+    later ones with them. Here the two halves are written straight into a channels-last-3d
+    buffer (one copy; stock reshapes, stacks and rearranges), and nearest-2x + 3x3 conv run as
+    one stride-2 4x4 transposed conv on the low-resolution frames (``upsample_conv_fold``):
+    4 multiply-adds per output instead of 9, and no upsampled copy.
+    """
+
+    def _conv(self):
+        return self.resample[1]
+
+    def fast_unsupported(self, x, feat_cache=None, feat_idx=None, *args, **kwargs) -> str | None:
+        if args or kwargs:
+            return "extra arguments"
+        reason = tensor_reason(x)
+        if reason is not None:
+            return reason
+        reason = conv_weights_reason(self._conv(), x)
+        if reason is not None or self.mode == "upsample2d" or feat_cache is None:
+            return reason
+        return first_reason(cache_entry_reason(feat_cache, feat_idx, 1, markers=("Rep",)),
+                            conv_weights_reason(self.time_conv, x))
+
+    def fast_forward(self, x, feat_cache=None, feat_idx=None):
+        x = to_cl3d(x)
+        commit = None
+        if self.mode == "upsample3d" and feat_cache is not None:
+            idx = feat_idx[0]
+            prev = feat_cache[idx]
+            if prev is None:
+                commit = (idx, "Rep")  # the first chunk keeps its single frame
+            else:
+                rep = isinstance(prev, str)
+                y, cache = causal_conv3d(self.time_conv, x, None if rep else prev, keep_cache=True)
+                if rep and x.shape[2] < 2:  # stock stores a zero frame before the single one
+                    cache = to_cl3d(torch.cat([torch.zeros_like(cache), cache], 2))
+                x = _interleave_halves(y)
+                commit = (idx, cache)
+        out = self._upsample_conv(x)
+        if commit is not None:  # only plain list stores from here on
+            feat_cache[commit[0]] = commit[1]
+            feat_idx[0] = commit[0] + 1
+        return out
+
+    def _upsample_conv(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, t, h, w = x.shape
+        conv = self._conv()
+        frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)  # channels-last view
+        folded = cached(conv, "upsample_fold", (conv.weight,), lambda: fold_upsample_conv_weight(
+            conv.weight.detach()).contiguous(memory_format=torch.channels_last))
+        y = to_cl(upsample_conv_folded(frames, folded, conv.bias))
+        return y.reshape(b, t, y.shape[1], 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
+
+
+def _interleave_halves(y: torch.Tensor) -> torch.Tensor:
+    """(b, 2c, t, h, w) -> (b, c, 2t, h, w): channel half 0 to even frames, half 1 to odd."""
+    b, c2, t, h, w = y.shape
+    c = c2 // 2
+    out = torch.empty((b, c, 2 * t, h, w), dtype=y.dtype, device=y.device, memory_format=CL3D)
+    out[:, :, 0::2].copy_(y[:, :c])
+    out[:, :, 1::2].copy_(y[:, c:])
+    return out
+
+
 __all__ = [
     "CL3D",
     "FusedRMSNorm",
     "FusedWanAttention",
     "FusedWanCausalConv3d",
+    "FusedWanResample",
     "FusedWanResidualBlock",
 ]

@@ -19,7 +19,13 @@ from ..install import Family, InstallReport, register_family
 from ..recognize import is_a, is_wan_vae_model
 from ..swap import swap_in
 from ..wan_decode import install_decode_loop
-from ..wan_modules import FusedRMSNorm, FusedWanAttention, FusedWanCausalConv3d, FusedWanResidualBlock
+from ..wan_modules import (
+    FusedRMSNorm,
+    FusedWanAttention,
+    FusedWanCausalConv3d,
+    FusedWanResample,
+    FusedWanResidualBlock,
+)
 from ..wan_ops import causal_conv_static_reason, first_reason, rms_norm_static_reason
 
 _V21 = "comfy.ldm.wan.vae"
@@ -31,6 +37,7 @@ DIFFUSERS_BLOCKS = (f"{_DIF}.WanResidualBlock",)
 CAUSAL_CONVS = (f"{_V21}.CausalConv3d", f"{_DIF}.WanCausalConv3d")
 RMS_NORMS = (f"{_V21}.RMS_norm", f"{_DIF}.WanRMS_norm")
 ATTENTIONS = (f"{_V21}.AttentionBlock", f"{_DIF}.WanAttentionBlock")
+RESAMPLES = (f"{_V21}.Resample", f"{_V22}.Resample", f"{_DIF}.WanResample")
 
 # Stock modules the fast path may hand channels-last-3d tensors to, checked to be layout-agnostic
 # (they reshape/slice/concatenate; ``view``s only where the layout allows it): exact classes.
@@ -121,6 +128,31 @@ def attention_reason(m) -> str | None:
     return rms_norm_static_reason(m.norm)
 
 
+def resample_reason(m) -> str | None:
+    if m.mode not in ("upsample2d", "upsample3d"):
+        return f"mode {m.mode}"
+    r = getattr(m, "resample", None)
+    if not isinstance(r, torch.nn.Sequential) or len(r) != 2:
+        return "resample is not Upsample + Conv2d"
+    up, conv = r
+    if not isinstance(up, torch.nn.Upsample) or up.mode not in ("nearest", "nearest-exact"):
+        return "resample does not start with a nearest Upsample"
+    if up.size is not None or tuple(float(f) for f in up.scale_factor) != (2.0, 2.0):
+        return f"upsample scale {up.scale_factor}"
+    if (not isinstance(conv, torch.nn.Conv2d) or tuple(conv.kernel_size) != (3, 3)
+            or tuple(conv.stride) != (1, 1) or tuple(conv.padding) != (1, 1)
+            or tuple(conv.dilation) != (1, 1) or conv.groups != 1 or conv.padding_mode != "zeros"):
+        return "resample conv is not a plain 3x3 conv with padding 1"
+    if m.mode == "upsample3d":
+        tc = m.time_conv
+        reason = causal_conv_static_reason(tc, kernel_t=3)
+        if reason is not None:
+            return reason
+        if tuple(tc.kernel_size[1:]) != (1, 1) or tc.out_channels != 2 * tc.in_channels:
+            return "time conv is not the (3, 1, 1) conv to twice the channels"
+    return None
+
+
 def head_norms(decoder) -> list:
     """The decoder's output norm (its SiLU follows as a stock module)."""
     head = getattr(decoder, "head", None)
@@ -160,6 +192,8 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
                   _fvd_parts="diffusers")
         elif is_a(m, *CAUSAL_CONVS):
             _swap(report, path, m, FusedWanCausalConv3d, causal_conv_static_reason(m), gate)
+        elif is_a(m, *RESAMPLES):
+            _swap(report, path, m, FusedWanResample, resample_reason(m), gate)
         elif is_a(m, *ATTENTIONS):
             _swap(report, path, m, FusedWanAttention, attention_reason(m), gate)
         elif id(m) in heads:
