@@ -7,7 +7,12 @@ HOOK_KEY = "fast_vae_decode.drop_caches"
 
 
 def _drop_on_detach(patcher, unpatch_all=True) -> None:
-    drop_fast_path_caches(patcher.model)
+    # ComfyUI also detaches a model it keeps loaded: ``load_models_gpu`` pops the loaded entry
+    # and calls ``detach(unpatch_all=False)`` at the start of every decode with it, and a
+    # patcher being garbage-collected does the same. The weights stay where they are then, so
+    # the folds stay valid; only an unpatching detach (an unload) frees them.
+    if unpatch_all:
+        drop_fast_path_caches(patcher.model)
 
 
 def _drop_on_cleanup(patcher) -> None:
