@@ -16,7 +16,8 @@ const QUALITIES = ["high", "lossless"];
 const STATUS_WIDGET = "fast_vae_decode_status";
 const STATUS_HEIGHT = 20;
 const MARGIN = 15;
-const COLORS = { high: "#7cc87c", fallback: "#e0a84a" };
+// Mid-lightness hues read on the dark and the light palettes alike; lossless uses the palette's.
+const COLORS = { high: "#4caf50", fallback: "#d08a1c" };
 
 function formatMs(ms) {
   const n = Number(ms);
@@ -25,7 +26,8 @@ function formatMs(ms) {
 }
 
 // One short line from the node's ui output, e.g. "high · 23 ms · 38 fused", "lossless · 80 ms",
-// "fallback: no Triton · 80 ms". Unknown shapes degrade to the server's own text.
+// "fallback: no Triton · 80 ms". Unknown shapes degrade to the server's own text; the server's
+// full text (with any per-call stock fallbacks) becomes the widget's tooltip.
 export function statusFromOutput(output) {
   const serverText = Array.isArray(output?.text) ? output.text[0] : undefined;
   const info = Array.isArray(output?.fast_vae_decode) ? output.fast_vae_decode[0] : undefined;
