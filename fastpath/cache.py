@@ -4,14 +4,24 @@ They are built lazily on the first fast decode, live in a plain attribute of the
 owns them (never a Parameter or buffer, so never in the state dict and never moved by
 ``.to()``), are rebuilt when their source tensors change, and are dropped by
 ``drop_fast_path_caches`` when ComfyUI unloads the model.
+
+"Change" is seen three ways: another tensor object (ComfyUI's ``set_attr_param`` replaces
+Parameters; a weak reference tells a new object from an old one at a reused address), a bumped
+version counter (in-place writes outside inference mode), and ``load_state_dict`` into the
+owning module (a post-hook drops its entries). The last is needed because ComfyUI runs under
+``torch.inference_mode()``, where Parameters are inference tensors without a version counter,
+so values copied into them in place leave no trace on the tensor. Other in-place writes into
+inference-tensor weights (not something ComfyUI does to a VAE) are not seen.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
 
 _ATTR = "_fvd_cache"
+_HOOKED = "_fvd_cache_load_hook"
 
 
 def _fingerprint(t: torch.Tensor | None) -> tuple:
@@ -24,17 +34,38 @@ def _fingerprint(t: torch.Tensor | None) -> tuple:
     return (t.data_ptr(), version, t.dtype, t.device, tuple(t.shape))
 
 
+def _same_objects(refs: tuple, sources: tuple) -> bool:
+    return all((t is None) if r is None else (r() is t) for r, t in zip(refs, sources))
+
+
+def _drop_after_load(module: torch.nn.Module, incompatible_keys) -> None:
+    # Runs after the module's whole subtree took its new values (torch calls post-hooks after
+    # the children), so every source of this module's folds may have changed.
+    module.__dict__.pop(_ATTR, None)
+
+
+def _hook_state_dict_loads(module: torch.nn.Module) -> None:
+    register = getattr(module, "register_load_state_dict_post_hook", None)
+    if register is not None and not module.__dict__.get(_HOOKED):
+        register(_drop_after_load)
+        module.__dict__[_HOOKED] = True
+
+
 def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[], object],
            extra_key: tuple = ()) -> object:
     """``build()`` once per (source tensors, extra_key); later calls return the cached value."""
-    store = module.__dict__.setdefault(_ATTR, {})
+    store = module.__dict__.get(_ATTR)
+    if store is None:
+        _hook_state_dict_loads(module)
+        store = module.__dict__[_ATTR] = {}
     key = tuple(_fingerprint(t) for t in sources) + tuple(extra_key)
     hit = store.get(name)
-    if hit is not None and hit[0] == key:
+    if hit is not None and hit[0] == key and _same_objects(hit[2], sources):
         return hit[1]
     store.pop(name, None)  # free the stale copy before building the new one
     value = build()
-    store[name] = (key, value)
+    refs = tuple(None if t is None else weakref.ref(t) for t in sources)
+    store[name] = (key, value, refs)
     return value
 
 
@@ -42,7 +73,8 @@ def cache_bytes(model: torch.nn.Module) -> int:
     """Bytes held by fast-path caches under ``model`` (for tests and the benchmark)."""
     total = 0
     for m in model.modules():
-        for _, value in m.__dict__.get(_ATTR, {}).values():
+        for entry in m.__dict__.get(_ATTR, {}).values():
+            value = entry[1]
             for t in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(t, torch.Tensor):
                     total += t.numel() * t.element_size()

@@ -37,8 +37,8 @@ def _fold_tensors(model) -> dict:
     """Every cached fast-path value under ``model``, by (module path, cache name)."""
     found = {}
     for path, m in model.named_modules():
-        for name, (_, value) in m.__dict__.get("_fvd_cache", {}).items():
-            found[(path, name)] = value
+        for name, entry in m.__dict__.get("_fvd_cache", {}).items():
+            found[(path, name)] = entry[1]  # (key, value, ...): the folded value
     return found
 
 
