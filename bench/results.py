@@ -33,6 +33,10 @@ class CaseResult:
     high_speedup_vs_base_stock: float | None = None  # precision rows: vs the VAE as loaded
     psnr_high_vs_lossless_db: float | None = None  # None when identical (infinite)
     high_identical_to_lossless: bool | None = None
+    # Both against an fp32 decode of the same weights: how close each path is to the "true"
+    # image. On random weights bf16 rounding alone costs a few dB below 50 (see the README).
+    psnr_stock_vs_fp32_db: float | None = None
+    psnr_high_vs_fp32_db: float | None = None
     high_finite: bool | None = None
     lossless_bit_exact: bool | None = None  # torch.equal(lossless, stock before install)
     stock_bit_exact_after_install: bool | None = None
@@ -93,6 +97,13 @@ def _db(r: CaseResult) -> str:
     return "—" if r.psnr_high_vs_lossless_db is None else f"{r.psnr_high_vs_lossless_db:.1f}"
 
 
+def _fp32(r: CaseResult) -> str:
+    if r.psnr_high_vs_fp32_db is None:
+        return "—"
+    stock = "—" if r.psnr_stock_vs_fp32_db is None else f"{r.psnr_stock_vs_fp32_db:.1f}"
+    return f"{stock} / {r.psnr_high_vs_fp32_db:.1f}"
+
+
 def _yes(value: bool | None) -> str:
     return "—" if value is None else ("yes" if value else "**NO**")
 
@@ -105,7 +116,8 @@ def _mib(r: CaseResult) -> str:
 
 
 HEADER = ("| case | back end | dtype | stock ms | lossless ms | high ms | PSNR high vs lossless dB "
-          "| lossless bit-exact | peak extra MiB stock / lossless / high | first high +ms | path |")
+          "| PSNR vs fp32 stock / high dB | lossless bit-exact | peak extra MiB stock / lossless / high "
+          "| first high +ms | path |")
 
 
 def markdown_table(results: list[CaseResult]) -> str:
@@ -113,7 +125,7 @@ def markdown_table(results: list[CaseResult]) -> str:
     for r in results:
         if r.skipped or r.error:
             why = f"skipped: {r.skipped}" if r.skipped else f"error: {r.error}"
-            lines.append(f"| {r.label} | {r.backend or '—'} | | | | | | | | | {why} |")
+            lines.append(f"| {r.label} | {r.backend or '—'} | | | | | | | | | | {why} |")
             continue
         exact = _yes(r.lossless_bit_exact)
         if r.stock_bit_exact_after_install is False:
@@ -123,5 +135,5 @@ def markdown_table(results: list[CaseResult]) -> str:
             f"| {r.label} | {r.backend} | {r.dtype} | {_ms(r.stock_ms)} "
             f"| {_ms(r.lossless_ms)}{_x(r.lossless_speedup)} | {_ms(r.high_ms)}{_x(r.high_speedup)}"
             f"{base} | {_db(r)}{'' if r.high_finite in (None, True) else ' **NaN/Inf**'} "
-            f"| {exact} | {_mib(r)} | {_ms(r.first_high_overhead_ms)} | {r.high_path or ''} |")
+            f"| {_fp32(r)} | {exact} | {_mib(r)} | {_ms(r.first_high_overhead_ms)} | {r.high_path or ''} |")
     return "\n".join(lines)

@@ -59,8 +59,14 @@ def _mib(value: int | None) -> float | None:
     return None if value is None else round(value / MIB, 1)
 
 
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
 def measure_subject(case: Case, subject: Subject, options: BenchOptions,
-                    result: CaseResult) -> CaseResult:
+                    result: CaseResult, fp32_reference: torch.Tensor | None = None) -> CaseResult:
+    """Measure one subject; ``fp32_reference`` is the case's decode by an fp32 copy of the model
+    as loaded (precision rows are compared with the same one)."""
     repeats = repeats_for(case, options)
     device = subject.device
     result.device, result.dtype = str(device), str(subject.dtype).replace("torch.", "")
@@ -69,6 +75,9 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
     stock = measure(subject.stock, device, repeats, options.warmup)
     reference = stock.output
     log(f"{result.label}: stock {stock.median_ms:.1f} ms")
+    if fp32_reference is not None:
+        result.psnr_stock_vs_fp32_db = _finite(psnr_db(
+            to_unit_range(reference, subject.signed), to_unit_range(fp32_reference, subject.signed)))
 
     first_ms, (_, first_info) = timed_call(lambda: subject.decode("high"), device)
     high = measure(lambda: subject.decode("high"), device, repeats, options.warmup)
@@ -104,6 +113,9 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
                    to_unit_range(lossless_images, subject.signed))
     result.high_identical_to_lossless = psnr == math.inf
     result.psnr_high_vs_lossless_db = psnr if math.isfinite(psnr) else None
+    if fp32_reference is not None:
+        result.psnr_high_vs_fp32_db = _finite(psnr_db(
+            to_unit_range(high_images, subject.signed), to_unit_range(fp32_reference, subject.signed)))
     if options.crop_store is not None:
         from .crops import crop_stem
 
@@ -119,7 +131,7 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
 
 
 def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
-                    base: CaseResult) -> list[CaseResult]:
+                    base: CaseResult, fp32_reference) -> list[CaseResult]:
     from ..fastpath.precision import with_decoder_precision
 
     rows = []
@@ -132,7 +144,7 @@ def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
         except Exception as exc:  # the precision node refuses this VAE: report, keep going
             row.skipped = f"{type(exc).__name__}: {exc}".splitlines()[0]
         else:
-            _guarded(measure_subject, row, case, variant, options, row)
+            _guarded(measure_subject, row, case, variant, options, row, fp32_reference)
             if base.stock_ms and row.high_ms:
                 row.high_speedup_vs_base_stock = base.stock_ms / row.high_ms
             del variant
@@ -152,6 +164,22 @@ def _guarded(work, row: CaseResult, *args) -> None:
         sys.stderr.flush()
 
 
+def _fp32_reference(subject: Subject, row: CaseResult) -> torch.Tensor | None:
+    """The case decoded by an fp32 copy of its model, before anything is installed."""
+    if subject.fp32 is None:
+        return None
+    try:
+        reference = subject.fp32()
+    except Exception as exc:  # e.g. out of memory for the fp32 copy: the row just lacks it
+        log(f"{row.label}: no fp32 reference ({type(exc).__name__}: {exc})".splitlines()[0])
+        return None
+    finally:
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return reference
+
+
 def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
     backend = "comfyui" if nodes is not None else "diffusers"
     base = CaseResult(case.name, case.arch, list(case.latent_shape), backend)
@@ -166,9 +194,10 @@ def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
             base.skipped = reason
             log(f"{case.name}: skipped ({reason})")
             return rows
-        _guarded(measure_subject, base, case, subject, options, base)
+        fp32_reference = _fp32_reference(subject, base)
+        _guarded(measure_subject, base, case, subject, options, base, fp32_reference)
         if case.video and options.precisions and base.error is None:
-            rows += _precision_rows(case, subject, options, base)
+            rows += _precision_rows(case, subject, options, base, fp32_reference)
     except Exception as exc:
         base.error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
         log(f"{case.name}: ERROR {base.error}")

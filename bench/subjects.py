@@ -7,6 +7,7 @@ lossless/high wrap that same call in ``decode_at_quality`` (outputs in [-1, 1]).
 """
 from __future__ import annotations
 
+import copy
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -29,6 +30,7 @@ class Subject:
     stock: Callable[[], torch.Tensor]
     decode: Callable[[str], tuple[torch.Tensor, dict]]  # quality -> (images, path info)
     nodes: types.ModuleType | None = None  # ComfyUI's ``nodes`` module for the comfyui back end
+    fp32: Callable[[], torch.Tensor] | None = None  # the same decode with an fp32 copy of the model
 
     @property
     def dtype(self) -> torch.dtype:
@@ -57,8 +59,15 @@ def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subjec
         out = FastVAEDecode.execute({"samples": latent}, vae, quality)
         return out[0], dict(out.ui["fast_vae_decode"][0])
 
+    def fp32() -> torch.Tensor:
+        # A private fp32 copy (before any install), decoded as comfy.sd.VAE.decode does it.
+        model = copy.deepcopy(vae.first_stage_model).float()
+        z = latent.to(device=vae.device, dtype=torch.float32)
+        images = vae.process_output(model.decode(z).float()).to(vae.output_device).movedim(1, -1)
+        return images.reshape(-1, *images.shape[-3:]) if images.ndim == 5 else images
+
     return Subject("comfyui", vae, latent, torch.device(vae.device), False, stock, decode,
-                   nodes)
+                   nodes, fp32)
 
 
 def _diffusers_subject(model, latent: torch.Tensor) -> Subject:
@@ -72,7 +81,10 @@ def _diffusers_subject(model, latent: torch.Tensor) -> Subject:
         images, outcome = decode_at_quality(model, quality, call)
         return images, outcome.as_ui()
 
-    return Subject("diffusers", model, latent, device, True, call, decode)
+    def fp32() -> torch.Tensor:
+        return copy.deepcopy(model).float().decode(latent.float()).sample
+
+    return Subject("diffusers", model, latent, device, True, call, decode, fp32=fp32)
 
 
 def build_subject(case: Case, *, nodes: types.ModuleType | None, device: torch.device | None,

@@ -71,6 +71,9 @@ class _FusedDecoder(FusedModule):
             h = add_bias_residual_(conv2d(conv_out, norm_out.norm_silu(h), use_bias=False),
                                    conv_out.bias)
             h = self._finish(h)
+        return self._output(h)
+
+    def _output(self, h: torch.Tensor) -> torch.Tensor:
         return h.contiguous()
 
     def forward(self, *args, **kwargs):
@@ -109,6 +112,12 @@ class FusedComfyDecoder(_FusedDecoder):
 
     def _finish(self, h):
         return torch.tanh(h) if getattr(self, "tanh_out", False) else h
+
+    def _output(self, h):
+        # comfy.sd.VAE.decode copies the decoder output to its output device (the CPU) and then
+        # calls .float() there; widening on the GPU, in the same pass that restores the stock
+        # layout, takes that conversion off the CPU. Only values change width, not the result.
+        return h.to(dtype=torch.float32, memory_format=torch.contiguous_format)
 
 
 class FusedDiffusersDecoder(_FusedDecoder):
