@@ -24,7 +24,16 @@ PATCHER_ATTRS = frozenset({
     "model_loaded_weight_memory", "lowvram_patch_counter", "model_lowvram",
     "current_weight_patches_uuid", "model_offload_buffer_memory", "device", "current_patcher",
     "skip_injection", "comfy_patched_weights", "prev_comfy_cast_weights",
+    # Newer ComfyUI's dynamic VRAM (ModelPatcherDynamic.load, comfy.ops' vbar cast, and
+    # comfy.pinned_memory) keeps per-module handles into the source model's VRAM area and
+    # pinned host buffers; a copy sharing them would cast the source's bytes as its weights.
+    "_v", "seed_key", "pin_failed", "weight_lowvram_function", "bias_lowvram_function",
 })
+PATCHER_PREFIXES = ("_v_", "_pin")  # _v_signature, _v_weight, _v_bias, _pin, _pin_state, ...
+
+
+def _set_by_patcher(key: str) -> bool:
+    return key in PATCHER_ATTRS or key.startswith(PATCHER_PREFIXES)
 
 
 def _copy_value(value):
@@ -48,7 +57,7 @@ def clone_module(module: torch.nn.Module,
     new = cls.__new__(cls)
     attrs = {}
     for key, value in module.__dict__.items():
-        if key.startswith("_fvd") or key in PATCHER_ATTRS:
+        if key.startswith("_fvd") or _set_by_patcher(key):
             continue
         if key == "_parameters":
             value = type(value)(
@@ -68,6 +77,10 @@ def clone_module(module: torch.nn.Module,
         attrs[key] = value
     if "prev_comfy_cast_weights" in module.__dict__:  # a low-VRAM load forced casting; undo
         attrs["comfy_cast_weights"] = module.__dict__["prev_comfy_cast_weights"]
+    elif "_v" in module.__dict__ or "seed_key" in module.__dict__:
+        # The dynamic loader forces casting without keeping the old value: the class default
+        # (ComfyUI's ops declare it there) is what an unloaded module has.
+        attrs.pop("comfy_cast_weights", None)
     for key in ("weight_function", "bias_function"):  # per-call patches belong to the source
         if key in attrs:
             attrs[key] = []

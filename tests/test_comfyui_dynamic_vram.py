@@ -163,3 +163,46 @@ def test_parameters_replaced_by_comfys_set_attr_param_are_read_live(pack, vae):
     assert ui["path"] == "high", ui["text"]
     assert _rel_err(old, expected) > 0.1  # the new weights decode differently
     assert _rel_err(high, expected) < REL_TOL
+
+
+# Per-module state newer ComfyUI's dynamic loader and its pinned-memory staging put on each
+# comfy.ops module (ModelPatcherDynamic.load, comfy.ops.cast_bias_weight_with_vbar,
+# comfy.pinned_memory.pin_memory): handles into that model's VRAM area and host buffers.
+DYNAMIC_STATE = {
+    "_v": ("vbar slot of the original",), "_v_signature": ("resident",), "seed_key": None,
+    "pin_failed": False, "weight_lowvram_function": None, "bias_lowvram_function": None,
+    "_pin_state": {}, "_pin_registered": True, "_pin_stack_index": 0,
+    "_pin_balancer_priority": 0,
+}
+
+
+def test_precision_copy_starts_without_the_dynamic_loaders_state(pack):
+    """WanVAEDecodePrecision copies a VAE the dynamic loader has prepared: the copy must not
+    inherit the original's VRAM slots or pinned buffers (its casts would read the original's
+    bytes) nor its forced per-call casting; its own patcher prepares it when it loads."""
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    vae = comfy_vae("wan21", seed=0, tiny=True)
+    ops = []
+    for name, m in vae.first_stage_model.named_modules():
+        if not hasattr(m, "comfy_cast_weights"):
+            continue
+        ops.append(name)
+        m.comfy_cast_weights = True  # set without prev_comfy_cast_weights by the dynamic loader
+        for attr, value in DYNAMIC_STATE.items():
+            m.__dict__[attr] = value
+        m.__dict__["seed_key"] = name
+        m.__dict__["_v_weight"] = m.weight.detach()  # the original's resident copy
+        m.__dict__["_pin"] = torch.empty(8, dtype=torch.uint8)  # its pinned staging buffer
+    assert ops
+    copy = pack["WanVAEDecodePrecision"].execute(vae=vae, precision="bf16").args[0]
+    copied = dict(copy.first_stage_model.named_modules())
+    for name in ops:
+        leftovers = sorted(k for k in vars(copied[name])
+                           if k in DYNAMIC_STATE or k.startswith(("_v_", "_pin")))
+        assert not leftovers, f"{name} kept {leftovers}"
+        assert not copied[name].comfy_cast_weights, name  # back to the class default
+    # The original keeps its state: it is still the dynamic loader's to manage.
+    original = dict(vae.first_stage_model.named_modules())
+    assert all(original[n].comfy_cast_weights and "_v" in vars(original[n]) for n in ops)
