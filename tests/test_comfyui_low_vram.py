@@ -120,6 +120,28 @@ def test_offloaded_modules_take_comfys_cast_path_and_the_rest_stays_fast(
         assert torch.equal(_stock_node(vae, z), expected)  # the stock node is untouched
 
 
+def test_per_call_weight_patches_take_comfys_cast_path(pack, interpreter):
+    """A fully loaded module can still compute with other weights than its own: ComfyUI's
+    ``load`` appends weight wrappers (and, offloaded, ``LowVramPatch``es) to
+    ``weight_function``/``bias_function``, applied per call by the ops' cast path."""
+    vae = _tiny_vae()
+    decoder = vae.first_stage_model.decoder
+    z = _latent()
+    with torch.inference_mode():
+        unpatched = _stock_node(vae, z)
+    conv = decoder.up[1].block[0].conv2
+    conv.weight_function = [lambda w: w * 0.5]
+    conv.bias_function = [lambda b: b + 0.1]
+    with torch.inference_mode():
+        expected = _stock_node(vae, z)
+        lossless, _ = _fast_node(pack, vae, z, "lossless")
+        high, ui = _fast_node(pack, vae, z, "high")
+    assert _rel_err(expected, unpatched) > 1e-2  # the patch changes the image
+    assert torch.equal(lossless, expected)
+    assert ui["path"] == "high" and "ComfyUI weight patches" in ui["text"], ui["text"]
+    assert _rel_err(high, expected) < REL_TOL  # the patched weights, not the raw ones
+
+
 def test_comfys_own_partial_unload_falls_back_per_module(pack, interpreter):
     """ComfyUI's ``ModelPatcher.partially_unload`` (what frees room for another model) marks
     the modules it offloads itself; decode the decoder in that state, as a sampler's VAE
