@@ -103,7 +103,9 @@ def test_twenty_unload_reload_cycles_do_not_grow_gpu_memory(pack):
             if reference is None:
                 reference = images
             else:
-                assert torch.equal(images, reference)  # rebuilt folds compute the same
+                # Rebuilt folds compute the same; GPU library calls are not promised to be
+                # bitwise repeatable run to run, so allow a quarter of an 8-bit step.
+                assert (images - reference).abs().max().item() <= 1e-3
             del images
             mm.unload_all_models()
             mm.soft_empty_cache()
