@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--crop-size", type=int, default=256,
                        help="crop side in pixels (the whole image when smaller)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a field of fastpath.kl_settings.settings for this run, "
+                            "e.g. attention=sdpa or comfy_output_fp32=false (repeatable)")
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
@@ -149,6 +152,26 @@ def _demo(args) -> int:
     return 0
 
 
+def _apply_kl_setting(item: str) -> None:
+    """Set one KL fast-path setting from NAME=VALUE, typed like the field's default."""
+    from ..fastpath.kl_settings import settings
+
+    name, sep, text = item.partition("=")
+    if not sep or not hasattr(settings, name):
+        raise ValueError(f"--kl-setting expects NAME=VALUE with NAME one of "
+                         f"{', '.join(vars(settings))}; got {item!r}")
+    current = getattr(settings, name)
+    if isinstance(current, bool) or current is None:
+        value = {"true": True, "false": False, "none": None}.get(text.lower())
+        if value is None and text.lower() != "none":
+            raise ValueError(f"--kl-setting {name} takes true, false or none; got {text!r}")
+    elif isinstance(current, int):
+        value = int(text)
+    else:
+        value = text
+    setattr(settings, name, value)
+
+
 def _bench(args, parser: argparse.ArgumentParser) -> int:
     from .cases import CASES, select_cases
     from .comfyui import ENV_VAR
@@ -171,6 +194,11 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
         cases = select_cases(args.cases)
     except ValueError as exc:
         parser.error(str(exc))
+    for item in args.kl_setting:
+        try:
+            _apply_kl_setting(item)
+        except ValueError as exc:
+            parser.error(str(exc))
     if args.triton_cache == "fresh":
         _fresh_triton_cache()
     options = BenchOptions(cases=cases, device=device, dtype=dtype,

@@ -61,7 +61,7 @@ def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subjec
 
     def fp32() -> torch.Tensor:
         # A private fp32 copy (before any install), decoded as comfy.sd.VAE.decode does it.
-        model = copy.deepcopy(vae.first_stage_model).float()
+        model = copy.deepcopy(vae.first_stage_model).to(device=vae.device, dtype=torch.float32)
         z = latent.to(device=vae.device, dtype=torch.float32)
         images = vae.process_output(model.decode(z).float()).to(vae.output_device).movedim(1, -1)
         return images.reshape(-1, *images.shape[-3:]) if images.ndim == 5 else images

@@ -25,7 +25,7 @@ from .kl_ops import (
     to_channels_last,
     weights_reason,
 )
-from .kl_settings import cudnn_benchmark_for
+from .kl_settings import cudnn_benchmark_for, settings
 
 
 def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:
@@ -117,6 +117,8 @@ class FusedComfyDecoder(_FusedDecoder):
         # comfy.sd.VAE.decode copies the decoder output to its output device (the CPU) and then
         # calls .float() there; widening on the GPU, in the same pass that restores the stock
         # layout, takes that conversion off the CPU. Only values change width, not the result.
+        if not settings.comfy_output_fp32:
+            return h.contiguous()
         return h.to(dtype=torch.float32, memory_format=torch.contiguous_format)
 
 

@@ -34,6 +34,9 @@ class KLSettings:
     # cuDNN autotuning inside the open gate only (None: leave the global flag as it is).
     # Measured no gain for these channels-last convs, and autotuning costs the first decode.
     cudnn_benchmark: bool | None = None
+    # ComfyUI's decoder hands back fp32 (widened on the GPU in the layout pass) instead of the
+    # weight dtype that comfy.sd.VAE.decode widens on the CPU after the copy.
+    comfy_output_fp32: bool = True
 
 
 settings = KLSettings()
