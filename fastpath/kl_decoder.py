@@ -40,6 +40,16 @@ def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:
     return to_channels_last(module(h.contiguous(), *args))
 
 
+def _conv_in_layout(z: torch.Tensor) -> torch.Tensor:
+    """The latent in the layout conv_in is fast on.
+
+    cuDNN's channels-last kernels want the channel count a multiple of 8; a 4-channel latent
+    (SD 1.x, SDXL) is convolved in the stock layout and only its 512-channel output is turned
+    channels-last (one cheap copy).
+    """
+    return to_channels_last(z) if z.shape[1] % 8 == 0 else z.contiguous()
+
+
 class _FusedDecoder(FusedModule):
     """Subclasses define ``_ends()`` -> (conv_in, norm_out, conv_out) and ``_blocks(h)``."""
 
@@ -65,8 +75,8 @@ class _FusedDecoder(FusedModule):
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()
         with cudnn_benchmark_for(z), channels_last_decode():
-            h = add_bias_residual_(conv2d(conv_in, to_channels_last(z), use_bias=False),
-                                   conv_in.bias)
+            h = to_channels_last(conv2d(conv_in, _conv_in_layout(z), use_bias=False))
+            h = add_bias_residual_(h, conv_in.bias)
             h = self._blocks(h)
             h = add_bias_residual_(conv2d(conv_out, norm_out.norm_silu(h), use_bias=False),
                                    conv_out.bias)

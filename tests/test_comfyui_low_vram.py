@@ -14,6 +14,7 @@ Tier 3 (``cuda`` and ``COMFYUI_PATH``): weights on the CPU while the latent is o
 """
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
@@ -186,6 +187,13 @@ def _psnr(a, b) -> float:
     return math.inf if mse == 0 else 10 * math.log10(peak ** 2 / mse)
 
 
+def _fp32_decode(vae, z):
+    """The same decode by a private fp32 copy of the model, processed as VAE.decode does."""
+    model = copy.deepcopy(vae.first_stage_model).to(device=vae.device, dtype=torch.float32)
+    images = model.decode(z.to(device=vae.device, dtype=torch.float32)).float()
+    return vae.process_output(images).to(vae.output_device).movedim(1, -1)
+
+
 def _high(vae, z):
     """High through the loaded pack's decode_at_quality: the node's path, with its stats."""
     quality = pack_module("fastpath.quality")
@@ -227,10 +235,15 @@ def test_gpu_decoder_with_some_weights_on_the_cpu(pack, gpu_vae):
         expected = _stock_node(vae, z)
         lossless, _ = _fast_node(pack, vae, z, "lossless")
         high, outcome = _high(vae, z)
+        truth = _fp32_decode(vae, z)
     assert torch.equal(lossless, expected)
     assert outcome.path == "high" and LOW_VRAM in outcome.fallbacks, outcome.text()
     assert torch.isfinite(high).all()
-    assert _psnr(high, expected) >= 50.0
+    # On these random weights bf16 rounding alone puts the stock decode ~48 dB from an fp32
+    # decode (H200, measured), and any other bf16 evaluation order lands ~47 dB from stock, so
+    # "visually lossless" is judged against fp32: high at least as close to it as stock, 1 dB
+    # margin (high measured 49.0 dB vs stock 48.0 dB at SDXL 1024²).
+    assert _psnr(high, truth) >= _psnr(expected, truth) - 1.0
 
 
 @pytest.mark.cuda
