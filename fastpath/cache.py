@@ -35,7 +35,7 @@ def _fingerprint(t: torch.Tensor | None) -> tuple:
 
 
 def _same_objects(refs: tuple, sources: tuple) -> bool:
-    return all((t is None) if r is None else (r() is t) for r, t in zip(refs, sources))
+    return all((t is None) if r is None else (r() is t) for r, t in zip(refs, sources, strict=True))
 
 
 def _drop_after_load(module: torch.nn.Module, incompatible_keys) -> None:

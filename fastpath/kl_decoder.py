@@ -141,7 +141,7 @@ class FusedDiffusersDecoder(_FusedDecoder):
     def _blocks(self, h):
         mid = self.mid_block
         h = run_child(mid.resnets[0], h, None)
-        for attn, resnet in zip(mid.attentions, mid.resnets[1:]):
+        for attn, resnet in zip(mid.attentions, mid.resnets[1:], strict=True):
             if attn is not None:
                 h = run_child(attn, h)
             h = run_child(resnet, h, None)

@@ -23,6 +23,7 @@ from ..kernels.group_norm_silu import (
     group_norm_silu,
     group_norm_silu_unsupported,
 )
+from .comfy_ops import comfy_cast_reason
 from .fused import FusedModule
 
 CHANNELS_LAST = torch.channels_last
@@ -83,23 +84,6 @@ def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str 
     return None
 
 
-_MISSING = object()
-
-
-def _attr(module: torch.nn.Module, name: str, default=None):
-    # Instance attribute (set by ComfyUI's patcher) or class attribute (ComfyUI's ops classes),
-    # without nn.Module.__getattr__, whose AttributeError for a missing name is slow per call.
-    value = module.__dict__.get(name, _MISSING)
-    return getattr(type(module), name, default) if value is _MISSING else value
-
-
-def comfy_cast_reason(module: torch.nn.Module) -> str | None:
-    """Why ComfyUI's ops would compute ``module`` differently from its raw weights."""
-    if _attr(module, "comfy_cast_weights", False):
-        return "weights cast per call (ComfyUI low-VRAM mode)"
-    if _attr(module, "weight_function") or _attr(module, "bias_function"):
-        return "ComfyUI weight patches"
-    return None
 
 
 def tensor_reason(x: torch.Tensor) -> str | None:

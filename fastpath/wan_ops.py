@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ..kernels.backend import triton_unavailable_reason
 from ..kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
 from .cache import cached
+from .comfy_ops import comfy_cast_reason
 
 CL3D = torch.channels_last_3d
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
@@ -59,13 +60,6 @@ def tensor_reason(x, dims: int = 5) -> str | None:
     return None
 
 
-def comfy_cast_reason(module: torch.nn.Module) -> str | None:
-    """Why ComfyUI's ops would compute ``module`` differently from its raw weights."""
-    if getattr(module, "comfy_cast_weights", False):
-        return "weights cast per call (ComfyUI low-VRAM mode)"
-    if getattr(module, "weight_function", None) or getattr(module, "bias_function", None):
-        return "ComfyUI weight patches"
-    return None
 
 
 def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:

@@ -28,7 +28,7 @@ LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE 
 # fp32 on the CPU, fast vs stock: a few ULPs compounded over the decoder's layers measure
 # ~2e-6 of the output range for this VAE; old (stale) weights would be off by O(1).
 REL_TOL = 1e-4
-CAST = "weights cast per call (ComfyUI low-VRAM mode)"
+CAST = "weights streamed per call (ComfyUI dynamic VRAM)"
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from comfy_env import comfy_nodes, requires_comfyui
+from comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
 from comfy_server import ComfyServer
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
@@ -42,7 +42,10 @@ def test_api_workflow_returns_the_image(server):
     ui = entry["outputs"]["3"]
     assert ui["text"][0].startswith(("high", "fallback"))
     assert ui["fast_vae_decode"][0]["quality"] == "high"
-    assert "Cannot import" not in server.log_text()
+    # ComfyUI logs its own optional modules it cannot import (torchaudio missing, say); only
+    # a failure to import this pack matters here.
+    assert not [line for line in server.log_text().splitlines()
+                if "Cannot import" in line and PACK_DIR_NAME in line]
 
 
 def test_object_info_lists_the_nodes(server):
