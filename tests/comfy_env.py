@@ -40,6 +40,7 @@ def comfy_nodes():
 
         comfy.options.enable_args_parsing()
         import comfy.model_management  # noqa: F401  (parses the arguments)
+
         import nodes
     finally:
         sys.argv = argv

@@ -15,6 +15,7 @@ import sys
 
 import pytest
 from conftest import REPO
+
 from fast_vae_decode.bench.cli import main
 from fast_vae_decode.bench.results import SCHEMA, read_json
 

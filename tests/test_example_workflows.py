@@ -14,6 +14,7 @@ import pathlib
 import urllib.request
 
 import pytest
+
 from comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
 from comfy_server import ComfyServer
 from comfy_workflows import check_api_prompt, check_ui_workflow, ui_to_api

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 import torch.nn.functional as F
+
 from fast_vae_decode.kernels.group_norm_silu import (
     GroupNormSiLUConfig,
     group_norm_silu,

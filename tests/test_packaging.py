@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+
 import tomllib
 
 import fast_vae_decode

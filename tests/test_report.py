@@ -13,6 +13,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from fast_vae_decode.bench.cli import main
 from fast_vae_decode.bench.crops import center_crop, crop_stem, load_crops
 from fast_vae_decode.bench.report import command_line, report_markdown

@@ -15,6 +15,7 @@ import sys
 import pytest
 import torch
 import torch.nn.functional as F
+
 from fast_vae_decode.kernels.rms_norm_silu import (
     rms_norm_silu,
     rms_norm_silu_config,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from fast_vae_decode.kernels.upsample_conv_fold import (
     fold_upsample_conv_weight,
     fold_upsample_conv_weight_subpixel,

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from fast_vae_decode.kernels.vae_attention import (
     attention_chunk_size,
     attention_chunked,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from wan_models import latent, psnr, tiny_wan
 
 from fast_vae_decode.fastpath import wan_modules
 from fast_vae_decode.fastpath.gate import gate_for
@@ -22,6 +21,7 @@ from fast_vae_decode.fastpath.wan_modules import (
     FusedWanResample,
     FusedWanResidualBlock,
 )
+from wan_models import latent, psnr, tiny_wan
 
 # (model kind, latent shape)
 CASES = [

@@ -21,6 +21,7 @@ import urllib.request
 import warnings
 
 import pytest
+
 from cdp_browser import Browser, find_chromium
 from comfy_env import COMFYUI_PATH, comfy_nodes, requires_comfyui
 from comfy_server import ComfyServer
@@ -49,8 +50,9 @@ LOSSLESS = re.compile(rf"^lossless · {MS}$")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from fast_vae_decode.bench.models import comfy_vae
     from safetensors.torch import save_file
+
+    from fast_vae_decode.bench.models import comfy_vae
 
     comfy_nodes()
     base = tmp_path_factory.mktemp("comfy-web")
