@@ -92,3 +92,33 @@ class ComfyServer:
                 raise AssertionError(f"prompt failed: {entry['status']}\n{self.log_text()[-4000:]}")
             time.sleep(0.5)
         raise TimeoutError(f"prompt {prompt_id} did not finish:\n{self.log_text()[-4000:]}")
+
+
+def add_vae_file(server: ComfyServer, name: str, seed: int = 0):
+    """Write a seeded full-size SDXL VAE to the server's models/vae (ComfyUI's VAELoader only
+    builds full-width configurations); returns the VAE that loader builds from the file."""
+    import comfy.sd
+    from safetensors.torch import load_file, save_file
+
+    from fast_vae_decode.bench.models import comfy_vae
+
+    path = server.base / "models" / "vae" / name
+    model = comfy_vae("sdxl", seed=seed).first_stage_model
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(path))
+    return comfy.sd.VAE(sd=load_file(str(path)))
+
+
+def saved_png(server: ComfyServer, entry: dict, node: str):
+    """The first image a SaveImage node of a finished prompt wrote, as a uint8 array."""
+    import numpy as np
+    from PIL import Image
+
+    image = entry["outputs"][node]["images"][0]
+    return np.asarray(Image.open(server.base / "output" / image["subfolder"] / image["filename"]))
+
+
+def as_saved(images):
+    """What SaveImage writes for the first of decoded ``images``: 8-bit, clipped."""
+    import numpy as np
+
+    return np.clip(255.0 * images[0].cpu().numpy(), 0, 255).astype(np.uint8)

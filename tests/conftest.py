@@ -59,3 +59,18 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module")
+def pack():
+    """Tier 2: ComfyUI's NODE_CLASS_MAPPINGS after its own loader loaded this pack."""
+    from comfy_env import loaded_pack
+
+    return loaded_pack()
+
+
+@pytest.fixture
+def no_interpreter(monkeypatch):
+    """Keep CPU decodes on the stock path, as a CPU user gets them: under the interpreter
+    ``high`` would run the Triton kernels in numpy (slowly)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
+from comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -29,11 +29,6 @@ LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE 
 # ~2e-6 of the output range for this VAE; old (stale) weights would be off by O(1).
 REL_TOL = 1e-4
 CAST = "weights streamed per call (ComfyUI dynamic VRAM)"
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ import gc
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
+from comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -26,11 +26,6 @@ CYCLES = 20
 # few MiB between cycles; a leaked fold of the SDXL decoder's upsample convs alone is ~20 MiB
 # in bf16, and a leaked decoder ~100 MiB, so 8 MiB separates noise from a leak.
 GROWTH_TOLERANCE = 8 * 2**20
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 def _fold_tensors(model) -> dict:

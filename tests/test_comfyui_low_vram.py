@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
+from comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -30,11 +30,6 @@ LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE 
 # layers, measured ~2e-6 of the output range for this VAE; 1e-4 still catches a wrong layer.
 REL_TOL = 1e-4
 LOW_VRAM = "weights cast per call (ComfyUI low-VRAM mode)"
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from comfy_env import comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, add_vae_file, as_saved, saved_png
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -36,31 +36,10 @@ def _prompt(i: int) -> dict:
     }
 
 
-def _png(server, entry, node) -> np.ndarray:
-    from PIL import Image
-
-    image = entry["outputs"][node]["images"][0]
-    return np.asarray(Image.open(server.base / "output" / image["subfolder"] / image["filename"]))
-
-
-def _as_saved(images: torch.Tensor) -> np.ndarray:
-    """What SaveImage writes for a decoded image: 8-bit, clipped."""
-    return np.clip(255.0 * images[0].cpu().numpy(), 0, 255).astype(np.uint8)
-
-
 def test_fifty_prompts(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    from fast_vae_decode.bench.models import comfy_vae
-
     nodes = comfy_nodes()
-    import comfy.sd
-
     server = ComfyServer(tmp_path)
-    path = tmp_path / "models" / "vae" / VAE_FILE
-    vae = comfy_vae("sdxl", seed=7)
-    save_file({k: v.contiguous() for k, v in vae.first_stage_model.state_dict().items()}, str(path))
-    vae = comfy.sd.VAE(sd=load_file(str(path)))  # exactly what the server's VAELoader builds
+    vae = add_vae_file(server, VAE_FILE, seed=7)
     server.start(env={"TRITON_INTERPRET": "1"})
     try:
         start = time.monotonic()
@@ -76,8 +55,8 @@ def test_fifty_prompts(tmp_path):
         width, height = prompt["2"]["inputs"]["width"], prompt["2"]["inputs"]["height"]
         z = torch.zeros(1, 4, height // 8, width // 8)
         with torch.inference_mode():
-            expected = _as_saved(nodes.VAEDecode().decode(vae, {"samples": z})[0])
-        stock, fast = _png(server, entry, "6"), _png(server, entry, "4")
+            expected = as_saved(nodes.VAEDecode().decode(vae, {"samples": z})[0])
+        stock, fast = saved_png(server, entry, "6"), saved_png(server, entry, "4")
         text = entry["outputs"]["3"]["text"][0]
         # Separate processes may split CPU reductions differently: allow one 8-bit step.
         if np.abs(stock.astype(int) - expected).max() > 1:

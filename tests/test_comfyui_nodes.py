@@ -9,27 +9,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, requires_comfyui
+from comfy_env import comfy_nodes, requires_comfyui
 
-pytestmark = [requires_comfyui, pytest.mark.comfyui]
+pytestmark = [requires_comfyui, pytest.mark.comfyui, pytest.mark.usefixtures("no_interpreter")]
 
 # (architecture, latent shape): one image VAE and one video VAE, as the foundation issue asks.
 CASES = [
     ("sdxl", (1, 4, 8, 8)),
     ("wan21", (1, 16, 2, 4, 6)),  # 2 latent frames -> 5 video frames, flattened to images
 ]
-
-
-@pytest.fixture(autouse=True)
-def no_interpreter(monkeypatch):
-    # Keep CPU decodes on the stock path here: the interpreter would make ``high`` run Triton
-    # kernels in numpy (slow, and not what a CPU user gets).
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 
 from comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, add_vae_file
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -17,15 +17,9 @@ WORKFLOW = pathlib.Path(__file__).parent / "workflows" / "fast_vae_decode_api.js
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from safetensors.torch import save_file
-
-    from fast_vae_decode.bench.models import comfy_vae
-
     comfy_nodes()
-    base = tmp_path_factory.mktemp("comfy-base")
-    srv = ComfyServer(base)
-    sd = {k: v.contiguous() for k, v in comfy_vae("sdxl", seed=0).first_stage_model.state_dict().items()}
-    save_file(sd, str(base / "models" / "vae" / "fvd_test_sdxl.safetensors"))
+    srv = ComfyServer(tmp_path_factory.mktemp("comfy-base"))
+    add_vae_file(srv, "fvd_test_sdxl.safetensors", seed=0)
     srv.start()
     yield srv
     srv.stop()

@@ -12,19 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
-from comfy_server import ComfyServer
+from comfy_env import comfy_nodes, pack_module, requires_comfyui
+from comfy_server import ComfyServer, add_vae_file, as_saved, saved_png
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
 # fp32 on the CPU, fast vs stock: a few ULPs compounded over the decoder's layers measure
 # ~4e-6 of the output range; 1e-4 still catches a wrong layer or a stale gate.
 REL_TOL = 1e-4
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 def _rel_err(a, b):
@@ -86,45 +81,25 @@ def _prompt() -> dict:
     }
 
 
-def _png(server, entry, node) -> np.ndarray:
-    from PIL import Image
-
-    image = entry["outputs"][node]["images"][0]
-    return np.asarray(Image.open(server.base / "output" / image["subfolder"] / image["filename"]))
-
-
-def _as_saved(images: torch.Tensor) -> np.ndarray:
-    """What SaveImage writes for a decoded image: 8-bit, clipped."""
-    return np.clip(255.0 * images[0].cpu().numpy(), 0, 255).astype(np.uint8)
-
-
 def test_one_prompt_through_the_server(tmp_path):
-    from safetensors.torch import load_file, save_file
-
-    from fast_vae_decode.bench.models import comfy_vae
+    from safetensors.torch import save_file
 
     nodes = comfy_nodes()
-    import comfy.sd
-
     server = ComfyServer(tmp_path)
-    # ComfyUI's VAELoader builds only full-width configurations, so the file is a full-size
-    # SDXL VAE; the latent stays tiny (32x32 px) because the interpreter is slow.
-    path = tmp_path / "models" / "vae" / VAE_FILE
-    vae = comfy_vae("sdxl", seed=7)
-    save_file({k: v.contiguous() for k, v in vae.first_stage_model.state_dict().items()}, str(path))
+    # The latent stays tiny (32x32 px): the interpreter runs high on the CPU, slowly.
+    vae = add_vae_file(server, VAE_FILE, seed=7)
     z = torch.randn(1, 4, 4, 4, generator=torch.Generator().manual_seed(5))
     # LoadLatent scales latents without this marker key by 1/0.18215.
     save_file({"latent_tensor": z, "latent_format_version_0": torch.tensor([])},
               str(tmp_path / "input" / LATENT_FILE))
-    vae = comfy.sd.VAE(sd=load_file(str(path)))  # exactly what the server's VAELoader builds
     server.start(env={"TRITON_INTERPRET": "1"})
     try:
         entry = server.run_prompt(_prompt(), timeout=900)
     finally:
         server.stop()
     with torch.inference_mode():
-        expected = _as_saved(nodes.VAEDecode().decode(vae, {"samples": z})[0])
-    high, lossless, stock = (_png(server, entry, n).astype(int) for n in ("4", "6", "8"))
+        expected = as_saved(nodes.VAEDecode().decode(vae, {"samples": z})[0])
+    high, lossless, stock = (saved_png(server, entry, n).astype(int) for n in ("4", "6", "8"))
     assert entry["outputs"]["3"]["text"][0].startswith("high:"), entry["outputs"]["3"]
     assert entry["outputs"]["5"]["text"][0] == "lossless"
     # In one process the stock node and lossless run the same computation: equal bytes.

@@ -5,21 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, pack_module, requires_comfyui
+from comfy_env import comfy_nodes, pack_module, requires_comfyui
 
-pytestmark = [requires_comfyui, pytest.mark.comfyui]
+pytestmark = [requires_comfyui, pytest.mark.comfyui, pytest.mark.usefixtures("no_interpreter")]
 
 TILED_INPUTS = dict(tile_size=64, overlap=16, temporal_size=8, temporal_overlap=4)
-
-
-@pytest.fixture(autouse=True)
-def no_interpreter(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-
-
-@pytest.fixture(scope="module")
-def pack():
-    return loaded_pack()
 
 
 @pytest.fixture(scope="module")

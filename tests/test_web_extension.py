@@ -24,7 +24,7 @@ import pytest
 
 from cdp_browser import Browser, find_chromium
 from comfy_env import COMFYUI_PATH, comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer
+from comfy_server import ComfyServer, add_vae_file
 from comfy_workflows import without_meta
 
 pytestmark = [
@@ -50,16 +50,9 @@ LOSSLESS = re.compile(rf"^lossless · {MS}$")
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from safetensors.torch import save_file
-
-    from fast_vae_decode.bench.models import comfy_vae
-
     comfy_nodes()
-    base = tmp_path_factory.mktemp("comfy-web")
-    srv = ComfyServer(base)
-    vae = comfy_vae("sdxl", seed=0).first_stage_model
-    save_file({k: v.contiguous() for k, v in vae.state_dict().items()},
-              str(base / "models" / "vae" / "fvd_test_sdxl.safetensors"))
+    srv = ComfyServer(tmp_path_factory.mktemp("comfy-web"))
+    add_vae_file(srv, "fvd_test_sdxl.safetensors", seed=0)
     srv.start()
     # A first visit opens the template browser over the canvas; a returning user's does not.
     # The minimap would cover part of the graph in screenshots.
