@@ -84,8 +84,6 @@ def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str 
     return None
 
 
-
-
 def tensor_reason(x: torch.Tensor) -> str | None:
     """Per-call checks on a block's input that the fused kernels share."""
     if not isinstance(x, torch.Tensor):
