@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--crop-size", type=int, default=256,
                        help="crop side in pixels (the whole image when smaller)")
     bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--report", dest="report_dir", default=None, metavar="DIR",
+                       help="also write the Markdown report and PNG plots (as the 'report' "
+                            "command does) into DIR; needs --json and matplotlib")
     bench.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
                        help="override a field of fastpath.kl_settings.settings for this run, "
                             "e.g. attention=sdpa or comfy_output_fp32=false (repeatable)")
@@ -194,6 +197,8 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
         cases = select_cases(args.cases)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.report_dir and not args.json_path:
+        parser.error("--report needs --json (the report is made from the saved results)")
     for item in args.kl_setting:
         try:
             _apply_kl_setting(item)
@@ -209,7 +214,11 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
                            crops_dir=args.crops_dir, crops_npz=args.crops_npz,
                            crop_size=args.crop_size)
     results = run_bench(options)
-    return 1 if any(r.error for r in results) else 0
+    status = 1 if any(r.error for r in results) else 0
+    if args.report_dir:
+        args.out = args.report_dir
+        status = max(status, _report(args))
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,6 +111,22 @@ def test_report_writes_markdown_and_plots(bench_with_crops, tmp_path):
     assert "x 20" in text  # the difference's gain is stated in the caption
 
 
+def test_bench_writes_the_report_itself(tmp_path):
+    pytest.importorskip("diffusers")
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (the 'report' extra)")
+    out = tmp_path / "report"
+    code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--json", str(tmp_path / "b.json"),
+                       "--crops-npz", str(tmp_path / "c.npz"), "--report", str(out), *QUICK])
+    assert code == 0
+    assert "| tiny-sdxl | as loaded |" in (out / "README.md").read_text()
+    assert (out / "crop-tiny-sdxl.png").is_file() and (out / "time.png").is_file()
+
+
+def test_bench_report_needs_json(tmp_path):
+    with pytest.raises(SystemExit):
+        run_cli(["bench", "--cases", "tiny-sdxl", "--report", str(tmp_path), *QUICK])
+
+
 def test_report_plots_precision_rows_and_skipped_cases(tmp_path):
     pytest.importorskip("matplotlib", reason="plots need matplotlib (the 'report' extra)")
     from fast_vae_decode.bench.report import write_report
