@@ -11,7 +11,7 @@ CATEGORY = "latent/fast vae"
 
 QUALITY_TOOLTIP = (
     "high: fused Triton kernels, folded weights and a channels-last decoder; not bit-exact but "
-    "visually identical (PSNR >= 50 dB against lossless). "
+    "visually identical (as close to a full-precision decode as ComfyUI's own is). "
     "lossless: exactly ComfyUI's own VAE Decode, bit for bit. "
     "Where the fast path cannot run (no Triton, CPU, low-VRAM offload, unsupported VAE) high "
     "decodes like lossless and the node says why.")
