@@ -40,6 +40,10 @@ from .wan_ops import (
 )
 
 
+def _call_reason(x, args, kwargs) -> str | None:
+    """Per-call checks shared by the cache-carrying Wan modules: only (x, feat_cache, feat_idx)."""
+    return "extra arguments" if args or kwargs else tensor_reason(x)
+
 class FusedWanResidualBlock(FusedModule):
     """``RMS_norm, SiLU, CausalConv3d, RMS_norm, SiLU, Dropout, CausalConv3d`` + shortcut.
 
@@ -58,9 +62,7 @@ class FusedWanResidualBlock(FusedModule):
         return self.norm1, self.conv1, self.norm2, self.conv2, self.conv_shortcut
 
     def fast_unsupported(self, x, feat_cache=None, feat_idx=None, *args, **kwargs) -> str | None:
-        if args or kwargs:
-            return "extra arguments"
-        reason = tensor_reason(x)
+        reason = _call_reason(x, args, kwargs)
         if reason is not None:
             return reason
         if self.training:
@@ -199,12 +201,7 @@ class FusedWanResample(FusedModule):
         return self.resample[1]
 
     def fast_unsupported(self, x, feat_cache=None, feat_idx=None, *args, **kwargs) -> str | None:
-        if args or kwargs:
-            return "extra arguments"
-        reason = tensor_reason(x)
-        if reason is not None:
-            return reason
-        reason = conv_weights_reason(self._conv(), x)
+        reason = _call_reason(x, args, kwargs) or conv_weights_reason(self._conv(), x)
         if reason is not None or self.mode == "upsample2d" or feat_cache is None:
             return reason
         return first_reason(cache_entry_reason(feat_cache, feat_idx, 1, markers=("Rep",)),

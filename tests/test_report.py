@@ -5,29 +5,18 @@ One tiny bench run feeds the crop and report checks; the plot checks skip withou
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import sys
 
 import numpy as np
 import pytest
 import torch
+from test_cli import QUICK, run_cli
 
 from fast_vae_decode.bench.cli import main
 from fast_vae_decode.bench.crops import center_crop, crop_stem, load_crops
 from fast_vae_decode.bench.report import command_line, report_markdown
 from fast_vae_decode.bench.results import CaseResult, read_json, write_json
-
-# As in test_cli.py: every bench step once, the usual Triton cache, never ComfyUI.
-QUICK = ["--repeats", "1", "--warmup", "0", "--triton-cache", "keep", "--no-comfyui"]
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(argv)
-    return code, out.getvalue()
 
 
 @pytest.fixture(scope="module")
