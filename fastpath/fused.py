@@ -11,6 +11,7 @@ import logging
 import torch
 
 from .log import log_once
+from .prewarm import warm_up
 
 
 def weights_off_device(module: torch.nn.Module, device: torch.device) -> bool:
@@ -37,6 +38,13 @@ class FusedModule:
     def fast_forward(self, *args, **kwargs):
         raise NotImplementedError
 
+    # Kernel warm-up (``prewarm.py``): modules with the same key launch the same kernel variants.
+    def prewarm_key(self):
+        return None
+
+    def prewarm(self, device: torch.device, dtype: torch.dtype) -> None:
+        """Run the fast path once on a tiny input so its Triton kernels get compiled."""
+
     def forward(self, *args, **kwargs):
         gate = self._fvd_gate
         if gate is None or not gate.allows_fast_path():
@@ -50,6 +58,8 @@ class FusedModule:
             log_once(f"fallback:{type(self).__name__}:{reason}",
                      f"{type(self).__name__}: stock path ({reason})")
             return super().forward(*args, **kwargs)
+        if gate.prewarm_modules is not None:  # the model's first fused call: compile in parallel
+            warm_up(gate, args[0] if args else None)
         try:
             out = self.fast_forward(*args, **kwargs)
         except torch.OutOfMemoryError:

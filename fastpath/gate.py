@@ -40,6 +40,8 @@ class Gate:
 
     def __init__(self) -> None:
         self._local = threading.local()
+        # Fused modules whose kernels the first fused call compiles in parallel (prewarm.py).
+        self.prewarm_modules = None
 
     # A copied or unpickled model gets a fresh, closed gate (install_fast_path then binds its
     # fused modules to the copy's own gate): an open gate must never leak into a copy.

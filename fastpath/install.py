@@ -16,6 +16,7 @@ import torch
 
 from .gate import Gate, gate_for
 from .log import log_once
+from .prewarm import arm
 
 
 @dataclass
@@ -118,6 +119,8 @@ def install_fast_path(model: torch.nn.Module) -> InstallReport:
                 report.reason = f"install failed ({type(exc).__name__}: {exc})".splitlines()[0]
             if report.fused == 0 and report.reason is None:
                 report.reason = "no module could be fused"
+            if report.fused:
+                arm(gate_for(model), model)
         _REPORTS[model] = report
         log_once(f"install:{id(model)}", f"{type(model).__name__}: {report.summary()}")
         return report

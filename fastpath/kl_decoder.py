@@ -26,6 +26,7 @@ from .kl_ops import (
     weights_reason,
 )
 from .kl_settings import cudnn_benchmark_for, settings
+from .prewarm import tiny_input
 
 
 def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:
@@ -71,6 +72,18 @@ class _FusedDecoder(FusedModule):
         # Only the weights the decoder reads itself; every block checks its own when it runs
         # and falls back on its own (ComfyUI low-VRAM mode may offload some blocks only).
         return weights_reason(self._ends(), z)
+
+    def prewarm_key(self):
+        return type(self)
+
+    def prewarm(self, device, dtype):
+        """The decoder's own kernels (the blocks warm up their own): two bias adds, norm_out."""
+        conv_in, norm_out, conv_out = self._ends()
+        if self.fast_unsupported(tiny_input(conv_in.in_channels, 4, device, dtype)) is not None:
+            return
+        add_bias_residual_(tiny_input(conv_in.out_channels, 4, device, dtype), conv_in.bias)
+        norm_out.norm_silu(tiny_input(norm_out.num_channels, 4, device, dtype))
+        add_bias_residual_(tiny_input(conv_out.out_channels, 4, device, dtype), conv_out.bias)
 
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()

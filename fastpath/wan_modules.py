@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from .cache import cached
 from .fused import FusedModule
+from .prewarm import run_fast_once, tiny_input
 from .wan_ops import (
     CL3D,
     cache_entry_reason,
@@ -75,6 +76,13 @@ class FusedWanResidualBlock(FusedModule):
             conv_weights_reason(conv2, x),
             None if isinstance(shortcut, torch.nn.Identity) else conv_weights_reason(shortcut, x),
         )
+
+    def prewarm_key(self):
+        norm1, _, _, conv2, _ = self._parts()
+        return type(self), norm1.gamma.shape[0], conv2.out_channels
+
+    def prewarm(self, device, dtype):
+        run_fast_once(self, tiny_input(self._parts()[0].gamma.shape[0], 5, device, dtype))
 
     def fast_forward(self, x, feat_cache=None, feat_idx=None):
         norm1, conv1, norm2, conv2, shortcut = self._parts()
@@ -143,6 +151,12 @@ class FusedRMSNorm(FusedModule):
             return "input is not a 4-D or 5-D tensor"
         return first_reason(tensor_reason(x, x.dim()), norm_reason(self, x))
 
+    def prewarm_key(self):
+        return type(self), self.gamma.shape[0]
+
+    def prewarm(self, device, dtype):
+        run_fast_once(self, tiny_input(self.gamma.shape[0], 5, device, dtype))
+
     def fast_forward(self, x):
         return norm_silu(self, to_cl(x), silu=False)
 
@@ -167,6 +181,12 @@ class FusedWanAttention(FusedModule):
             return reason
         return first_reason(norm_reason(self.norm, x), conv_weights_reason(self.to_qkv, x),
                             conv_weights_reason(self.proj, x))
+
+    def prewarm_key(self):
+        return type(self), self.norm.gamma.shape[0]
+
+    def prewarm(self, device, dtype):
+        run_fast_once(self, tiny_input(self.norm.gamma.shape[0], 5, device, dtype))
 
     def fast_forward(self, x):
         b, c, t, h, w = x.shape

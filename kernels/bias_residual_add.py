@@ -127,7 +127,7 @@ class _on_device:
 
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["ROWS"])  # one compilation per (C, dtype, flags), any size
     def _bias_residual_add_kernel(
         out_ptr, bias_ptr, res_ptr, ROWS,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,

@@ -258,7 +258,7 @@ def group_norm_silu(
             scale, shift, hw, pix_per_program, splits, float(eps),
             C=c, G=num_groups, CPG=cpg,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            BLOCK_S=min(config.finalize_block_s, _pow2(splits)), BLOCK_CPG=block_cpg,
+            BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
             num_warps=config.finalize_warps,
         )
         _group_norm_apply_kernel[(triton.cdiv(hw, apply_pix_per_program), n)](
@@ -276,9 +276,13 @@ def _on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
+# Sizes and loop counts are plain runtime ints (``do_not_specialize``): left to Triton's default,
+# each distinct divisibility-by-16 pattern of them is a separate compilation (~0.3 s each on an
+# H200 host), and one decode meets several. Alignment comes from the constexpr C (a multiple of
+# 16 in every VAE), so the loads vectorize without them.
 if triton is not None:
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_stats_kernel(
         x_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
         C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
@@ -348,7 +352,7 @@ if triton is not None:
         tl.store(mean_ptr + out, mean_g, mask=g < G)
         tl.store(m2_ptr + out, m2_g, mask=g < G)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_finalize_kernel(
         mean_ptr, m2_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr,
         HW, PIX_PER_PROGRAM, SPLITS, eps,
@@ -395,7 +399,7 @@ if triton is not None:
         tl.store(scale_ptr + n * C + c, scale, mask=ok)
         tl.store(shift_ptr + n * C + c, shift, mask=ok)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM"])
     def _group_norm_apply_kernel(
         x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,

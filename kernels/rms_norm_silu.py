@@ -122,7 +122,9 @@ def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, in
 
 if triton is not None:
 
-    @triton.jit
+    # ``pixels`` is a runtime int (one compilation for every frame size); ``channels`` stays
+    # specialized: its divisibility by 16 is what lets the loads vectorize.
+    @triton.jit(do_not_specialize=["pixels"])
     def _rms_norm_silu_kernel(
         x_ptr,
         gamma_ptr,

@@ -1,0 +1,142 @@
+"""Kernel warm-up before a model's first fused decode (``fastpath/prewarm.py``).
+
+Tier 1 (CPU): the same code path runs with "cpu" added to the warm-up device types, one worker
+thread (the Triton interpreter is not thread-safe): install arms the gate, the first fused call
+warms every distinct module once, the decode result is exactly what it is without warm-up, and a
+module whose warm-up raises changes nothing. Tier 3 (``cuda``): after warm-up the first real
+decode compiles no new kernel variant, at two latent sizes (sizes are never specialized).
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from fast_vae_decode.fastpath import prewarm
+from fast_vae_decode.fastpath.gate import gate_for
+from fast_vae_decode.fastpath.install import install_fast_path
+from fast_vae_decode.fastpath.kl_modules import _FusedResnet
+from fast_vae_decode.fastpath.wan_modules import FusedWanResidualBlock
+
+diffusers = pytest.importorskip("diffusers")
+from test_kl_family import _decode, _latent, tiny_vae  # noqa: E402
+
+from wan_models import latent as wan_latent  # noqa: E402
+from wan_models import tiny_wan  # noqa: E402
+
+
+@pytest.fixture
+def cpu_warmup(monkeypatch):
+    monkeypatch.setattr(prewarm, "DEVICE_TYPES", ("cuda", "cpu"))
+    monkeypatch.setattr(prewarm, "MAX_WORKERS", 1)
+
+
+def _count_calls(monkeypatch, cls) -> list:
+    calls = []
+    original = cls.prewarm
+
+    def counting(self, device, dtype):
+        calls.append(type(self).__name__)
+        return original(self, device, dtype)
+
+    monkeypatch.setattr(cls, "prewarm", counting)
+    return calls
+
+
+def test_install_arms_the_gate_and_the_first_fused_call_disarms_it(cpu_warmup, monkeypatch):
+    model = tiny_vae()
+    install_fast_path(model)
+    gate = gate_for(model)
+    assert gate.prewarm_modules is not None and len(gate.prewarm_modules) > 0
+    calls = _count_calls(monkeypatch, _FusedResnet)
+    _decode(model, _latent(), True)
+    assert gate.prewarm_modules is None
+    # The tiny decoder's resnet blocks have 3 distinct (in, out) widths: one warm-up each.
+    assert len(calls) == 3 and all(c.startswith("FusedDiffusersResnetBlock2D") for c in calls)
+    _decode(model, _latent(), True)
+    assert len(calls) == 3  # once per model
+
+
+def test_a_closed_gate_never_warms_up(cpu_warmup):
+    model = tiny_vae()
+    install_fast_path(model)
+    _decode(model, _latent(), False)
+    assert gate_for(model).prewarm_modules is not None
+
+
+def test_warm_up_does_not_change_the_result(cpu_warmup):
+    warmed, cold = tiny_vae(), tiny_vae()
+    for m in (warmed, cold):
+        install_fast_path(m)
+    gate_for(cold).prewarm_modules = None
+    z = _latent()
+    assert torch.equal(_decode(warmed, z, True)[0], _decode(cold, z, True)[0])
+
+
+def test_a_failing_warm_up_is_skipped(cpu_warmup, monkeypatch, caplog):
+    def broken(self, device, dtype):
+        raise RuntimeError("no kernel today")
+
+    monkeypatch.setattr(_FusedResnet, "prewarm", broken)
+    model, reference = tiny_vae(), tiny_vae()
+    install_fast_path(model)
+    install_fast_path(reference)
+    gate_for(reference).prewarm_modules = None
+    z = _latent()
+    with caplog.at_level("INFO", logger="fast_vae_decode"):
+        out, stats = _decode(model, z, True)
+    assert stats.kernel_errors == [] and stats.fused_calls > 0
+    assert torch.equal(out, _decode(reference, z, True)[0])
+    assert any("kernel warm-up" in r.getMessage() and "skipped" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_wan_warm_up_leaves_the_frame_cache_alone(cpu_warmup, monkeypatch):
+    warmed, cold = tiny_wan("wan21"), tiny_wan("wan21")
+    for m in (warmed, cold):
+        install_fast_path(m)
+    gate_for(cold).prewarm_modules = None
+    calls = _count_calls(monkeypatch, FusedWanResidualBlock)
+    z = wan_latent((1, 4, 2, 4, 6))
+    with torch.no_grad():
+        with gate_for(warmed).opened(True):
+            a = warmed.decode(z).sample
+        with gate_for(cold).opened(True):
+            b = cold.decode(z).sample
+    assert calls and torch.equal(a, b)
+
+
+def test_a_copied_model_gets_its_own_warm_up(cpu_warmup):
+    model = tiny_vae()
+    install_fast_path(model)
+    _decode(model, _latent(), True)
+    twin = copy.deepcopy(model)
+    install_fast_path(twin)
+    assert gate_for(twin).prewarm_modules is not None
+
+
+@pytest.mark.cuda
+def test_after_warm_up_a_decode_compiles_nothing_new():
+    triton = pytest.importorskip("triton")
+    knobs = getattr(triton, "knobs", None)
+    if knobs is None or not hasattr(knobs.runtime, "jit_post_compile_hook"):
+        pytest.skip("this Triton has no jit_post_compile_hook")
+    model = tiny_vae(blocks=(128, 256, 512), groups=32).to("cuda", torch.bfloat16)
+    install_fast_path(model)
+    compiled = []
+    old = knobs.runtime.jit_post_compile_hook
+    knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(1)
+    try:
+        gate = gate_for(model)
+        armed = list(gate.prewarm_modules)
+        with torch.inference_mode(), gate.opened(True):
+            # Warm up alone first (what the first fused call does), then decode two sizes.
+            prewarm.warm_up(gate, _latent((1, 4, 8, 8), device="cuda", dtype=torch.bfloat16))
+            before = len(compiled)
+            for size in (24, 40):
+                model.decode(_latent((1, 4, size, size), device="cuda", dtype=torch.bfloat16))
+            torch.cuda.synchronize()
+    finally:
+        knobs.runtime.jit_post_compile_hook = old
+    assert armed and len(compiled) == before, f"{len(compiled) - before} variants compiled after warm-up"
