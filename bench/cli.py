@@ -102,6 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
                        help="override a field of fastpath.kl_settings.settings for this run, "
                             "e.g. attention=sdpa or comfy_output_fp32=false (repeatable)")
+    bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
+                       help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
+                            "CPU-side output handling does not page-fault it in again every "
+                            "decode (as in a long-running server; see bench/hostmem.py); "
+                            "system: leave malloc as it is")
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
@@ -206,13 +211,18 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
             parser.error(str(exc))
     if args.triton_cache == "fresh":
         _fresh_triton_cache()
+    host_malloc = "system"
+    if args.host_malloc == "steady":
+        from .hostmem import keep_freed_host_memory
+
+        host_malloc = keep_freed_host_memory()
     options = BenchOptions(cases=cases, device=device, dtype=dtype,
                            comfyui=comfyui, comfyui_args=shlex.split(args.comfyui_args),
                            repeats=args.repeats, warmup=args.warmup,
                            precisions=precisions, run_unsupported=args.run_unsupported,
                            seed=args.seed, json_path=args.json_path,
                            crops_dir=args.crops_dir, crops_npz=args.crops_npz,
-                           crop_size=args.crop_size)
+                           crop_size=args.crop_size, host_malloc=host_malloc)
     results = run_bench(options)
     status = 1 if any(r.error for r in results) else 0
     if args.report_dir:

@@ -42,6 +42,7 @@ class BenchOptions:
     crops_dir: str | None = None  # center crops of lossless / high per row, as PNG files
     crops_npz: str | None = None  # ... and/or all of them in one .npz
     crop_size: int = 256
+    host_malloc: str = "system"  # what bench.hostmem did, if anything
     crop_store: Any = field(default=None, repr=False)  # a bench.crops.CropStore, set by run_bench
 
 
@@ -228,6 +229,7 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     from ..kernels.backend import triton_unavailable_reason
 
     info["triton_unavailable"] = triton_unavailable_reason()
+    info["host_malloc"] = options.host_malloc
     return info
 
 

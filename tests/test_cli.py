@@ -67,6 +67,7 @@ def test_bench_writes_json_with_every_field(kl_bench):
     assert code == 0
     assert data["schema"] == SCHEMA
     assert data["environment"]["torch"] and data["environment"]["device"] == "cpu"
+    assert data["environment"]["host_malloc"]  # what bench/hostmem.py did: steady or system
     (row,) = data["results"]
     assert row["skipped"] is None and row["error"] is None, row
     for name in MEASURED_FIELDS:
