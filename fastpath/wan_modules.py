@@ -26,6 +26,7 @@ from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_con
 from .cache import cached
 from .fused import FusedModule
 from .prewarm import run_fast_once, tiny_input
+from .wan_exact import ExactCausalConv3d
 from .wan_ops import (
     CL3D,
     cache_entry_reason,
@@ -107,8 +108,10 @@ class FusedWanResidualBlock(FusedModule):
         return h
 
 
-class FusedWanCausalConv3d(FusedModule):
-    """A ``CausalConv3d`` outside a fused block (decoder ``conv1``, head, ``time_conv``).
+class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
+    """A ``CausalConv3d``: fused outside a fused block (decoder ``conv1``, head, ``time_conv``);
+    its stock path, which every conv takes with the gate closed (lossless) and inside a
+    block on the stock path, is ``ExactCausalConv3d`` (one copy fewer, bit-exact).
 
     ComfyUI's version takes its cache either as ``cache_x`` or as ``cache_list[cache_idx]``,
     which it clears (so the old frames can be freed early); diffusers' takes ``cache_x``.

@@ -1,0 +1,80 @@
+"""A bit-exact, cheaper stock path for Wan's causal 3-D convs (what lossless runs).
+
+Stock ``CausalConv3d.forward`` (ComfyUI ``comfy.ldm.wan.vae``, diffusers ``WanCausalConv3d``)
+builds the conv input in two full copies: ``torch.cat([cache_x, x], 2)``, then ``F.pad`` for the
+remaining causal frames and the spatial border (itself a fill of the whole output and a copy).
+Here the same tensor -- same shape, same contiguous strides, same values, zeros where ``F.pad``
+writes zeros -- is assembled in one buffer: the cached and new frames are copied into its
+interior once and only the padding is zeroed. The conv is then the stock parent's ``forward``
+on that tensor (ComfyUI's ``ops.Conv3d``, with its weight casting and patches, or
+``nn.Conv3d``), so it computes what stock computes from an identical input: bit for bit.
+
+Only the common case is taken: a contiguous input and cache of the input's dtype, at most as
+many cached frames as the causal padding, no extra arguments. Anything else (a channels-last
+tensor from an open gate's fallback, a cache in another dtype that ``torch.cat`` would promote)
+runs the stock ``forward`` itself.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def _padded_input(conv, x: torch.Tensor, cache_x: torch.Tensor | None) -> torch.Tensor | None:
+    """``F.pad(torch.cat([cache_x, x], 2), padding)`` as stock forms it, or None if not common."""
+    pad_w, pad_w2, pad_h, pad_h2, pad_t, pad_t2 = conv._padding
+    if (pad_w, pad_h, pad_t2) != (pad_w2, pad_h2, 0) or x.dim() != 5 or not x.is_contiguous():
+        return None
+    n_prev = 0
+    if cache_x is not None and pad_t > 0:
+        if (not isinstance(cache_x, torch.Tensor) or cache_x.dtype != x.dtype
+                or cache_x.dim() != 5 or not cache_x.is_contiguous()
+                or cache_x.shape[:2] != x.shape[:2] or cache_x.shape[3:] != x.shape[3:]):
+            return None
+        n_prev = cache_x.shape[2]
+    zeros_t = pad_t - n_prev
+    if zeros_t < 0:  # stock would crop with a negative pad
+        return None
+    b, c, t, h, w = x.shape
+    buf = torch.empty((b, c, zeros_t + n_prev + t, h + 2 * pad_h, w + 2 * pad_w),
+                      dtype=x.dtype, device=x.device)
+    if zeros_t:
+        buf[:, :, :zeros_t].zero_()
+    frames = buf[:, :, zeros_t:]
+    if pad_h:
+        frames[:, :, :, :pad_h].zero_()
+        frames[:, :, :, -pad_h:].zero_()
+    if pad_w:
+        frames[:, :, :, pad_h:pad_h + h, :pad_w].zero_()
+        frames[:, :, :, pad_h:pad_h + h, -pad_w:].zero_()
+    inner = frames[:, :, :, pad_h:pad_h + h, pad_w:pad_w + w]
+    if n_prev:
+        inner[:, :, :n_prev].copy_(cache_x)
+    inner[:, :, n_prev:].copy_(x)
+    return buf
+
+
+class ExactCausalConv3d:
+    """Mixin for a stock causal conv: the one-buffer input when it applies, else stock."""
+
+    def forward(self, x, cache_x=None, cache_list=None, cache_idx=None, *args, **kwargs):
+        stock = type(self).__dict__.get("_fvd_stock_class")
+        if stock is None or args or kwargs or not isinstance(x, torch.Tensor):
+            return self._stock_forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
+        cached = cache_list[cache_idx] if cache_list is not None else cache_x
+        if (isinstance(cached, torch.Tensor) and self._padding[4] > 0
+                and cached.device != x.device):
+            cached = cached.to(x.device)  # as stock does (ComfyUI may offload caches)
+        buf = _padded_input(self, x, cached)
+        if buf is None:
+            return self._stock_forward(x, cache_x, cache_list, cache_idx)
+        if cache_list is not None:
+            cache_list[cache_idx] = None  # stock releases the slot: its frames are in buf now
+        del cached
+        return super(stock, self).forward(buf)
+
+    def _stock_forward(self, x, cache_x, cache_list, cache_idx, *args, **kwargs):
+        if cache_list is not None or cache_idx is not None:  # ComfyUI's signature
+            return super().forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
+        if cache_x is not None:
+            return super().forward(x, cache_x, *args, **kwargs)
+        return super().forward(x, *args, **kwargs)
