@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.bias_residual_add import sum_biases
 from ..kernels.upsample_conv_fold import (
     fold_upsample_conv_weight,
     fold_upsample_conv_weight_subpixel,
@@ -59,14 +60,6 @@ def _dropout_reason(module: torch.nn.Module) -> str | None:
     return None
 
 
-def _sum_biases(*biases: torch.Tensor | None) -> torch.Tensor | None:
-    present = [b for b in biases if b is not None]
-    if not present:
-        return None
-    # Summed in fp32 and rounded once; stock rounds each conv's bias add separately.
-    return torch.stack([b.float() for b in present]).sum(0).to(present[0].dtype)
-
-
 # ---------------------------------------------------------------------------------------------
 # ResnetBlock: norm1+SiLU -> conv1 -> norm2+SiLU -> (dropout) -> conv2, plus the shortcut.
 
@@ -105,7 +98,7 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
             add_bias_residual_(out, conv2.bias, xc)
         else:
             bias = cached(self, "resnet_shortcut_bias", (shortcut.bias, conv2.bias),
-                          lambda: _sum_biases(shortcut.bias, conv2.bias))
+                          lambda: sum_biases(shortcut.bias, conv2.bias))
             add_bias_residual_(out, bias, conv2d(shortcut, xc, use_bias=False))
         if out_scale != 1:
             out /= out_scale

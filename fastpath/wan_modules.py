@@ -29,13 +29,18 @@ from .prewarm import run_fast_once, tiny_input
 from .wan_exact import ExactCausalConv3d
 from .wan_ops import (
     CL3D,
+    add_parts,
     cache_entry_reason,
     causal_conv3d,
+    causal_input,
+    conv_parts,
     conv_weight,
     conv_weights_reason,
     first_reason,
+    next_cache,
     norm_reason,
     norm_silu,
+    sum_biases,
     tensor_reason,
     to_cl,
     to_cl3d,
@@ -91,15 +96,27 @@ class FusedWanResidualBlock(FusedModule):
         idx = feat_idx[0] if keep else 0
         prev1, prev2 = (feat_cache[idx], feat_cache[idx + 1]) if keep else (None, None)
 
+        # Each norm writes straight into its conv's assembled input (behind the cached frames);
+        # each conv's bias and per-tap partial outputs are summed by the pass that reads them
+        # next: norm2, then the residual add. The convs themselves are the stock sums.
         x = to_cl3d(x)
-        h = norm_silu(norm1, x)
-        h, cache1 = causal_conv3d(conv1, h, prev1, keep)
-        h = norm_silu(norm2, h)  # checked per call: norm2 sees conv1's dtype/device, same as x's
-        h, cache2 = causal_conv3d(conv2, h, prev2, keep)
+        inp1, new1, zeros1 = causal_input(conv1, x, prev1)
+        norm_silu(norm1, x, out=new1)
+        cache1 = next_cache(inp1, zeros1) if keep else None
+        parts = conv_parts(conv1, inp1)
+        del inp1, new1
+        inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2)
+        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=conv1.bias, out=new2)
+        cache2 = next_cache(inp2, zeros2) if keep else None
+        del parts
+        parts = conv_parts(conv2, inp2)
+        del inp2, new2
         if isinstance(shortcut, torch.nn.Identity):
-            h.add_(x)
+            h = add_parts(parts, conv2.bias, x)
         else:
-            h.add_(causal_conv3d(shortcut, x, None)[0])
+            bias = cached(self, "shortcut_bias", (conv2.bias, shortcut.bias),
+                          lambda: sum_biases(conv2.bias, shortcut.bias))
+            h = add_parts(parts, bias, conv_parts(shortcut, causal_input(shortcut, x, None)[0])[0])
 
         if keep:  # nothing below can fail: the cache changes only once the block has succeeded
             feat_cache[idx] = cache1

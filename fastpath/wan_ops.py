@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.backend import triton_unavailable_reason
+from ..kernels.bias_residual_add import bias_residual_add_, sum_biases  # noqa: F401 (re-export)
 from ..kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
 from .cache import cached
 from .comfy_ops import comfy_cast_reason
@@ -148,17 +149,38 @@ def rms_norm_static_reason(norm: torch.nn.Module) -> str | None:
 # --- compute -------------------------------------------------------------------------------
 
 
-def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
-    """RMS norm (+ SiLU) of channels-last ``x``; raises if the kernel declines.
+def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
+              addends: tuple = (), in_bias: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """RMS norm (+ SiLU) of channels-last ``x + sum(addends) + in_bias``, into ``out`` if given.
 
-    Callers check ``norm_reason`` first, so a decline here means the checks and the kernel
-    disagree; raising sends the caller to its stock path (before any state was changed).
+    Callers check ``norm_reason`` for ``x`` first, so the kernel declining plain ``x`` means the
+    checks and the kernel disagree: raising sends the caller to its stock path (before any
+    state changed). Declining only the folded inputs (a layout the kernel does not take) is
+    handled here by summing them in torch first: slower, same math up to one rounding.
     """
+    y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu, addends=addends, in_bias=in_bias, out=out)
+    if y is not None:
+        return y
+    if addends or in_bias is not None:
+        x = sum_parts([x.clone()] + list(addends), in_bias)
     y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu)
     if y is None:
         raise RuntimeError("rms_norm_silu declined: "
                            + str(rms_norm_silu_unsupported(x, norm.gamma, norm.bias)))
-    return y
+    return y if out is None else out.copy_(y)
+
+
+def add_parts(parts: list[torch.Tensor], bias: torch.Tensor | None,
+              residual: torch.Tensor | None = None) -> torch.Tensor:
+    """``sum(parts) + bias (+ residual)`` in one pass into ``parts[0]`` (torch if declined)."""
+    out = parts[0]
+    if bias_residual_add_(out, bias, residual, addends=tuple(parts[1:])) is not None:
+        return out
+    out = sum_parts(parts, bias)
+    if residual is not None:
+        out += residual
+    return out
 
 
 def conv_weight(conv: torch.nn.Module, fmt: torch.memory_format) -> torch.Tensor:
@@ -186,20 +208,75 @@ def _as_2d_taps(conv, inp: torch.Tensor) -> bool:
             and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
 
 
-def _conv3d_taps(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
-    """``F.conv3d`` of a batch-1 channels-last-3d ``inp`` as three per-tap ``F.conv2d``s.
+def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
+    """The conv of the assembled input ``inp`` (see ``causal_input``) *without its bias*, as
+    channels-last-3d tensors whose sum is the result: one, or three per-tap 2-D conv outputs.
 
-    ``inp[0]`` permuted to (T, C, H, W) is a channels-last batch of frames (a view), so each
-    temporal tap is a 2-D conv over a frame slice of the same memory.
+    The caller adds the parts and the bias in the pass that reads them next (the following
+    norm, or the residual add), instead of two ``+=`` passes and torch's separate bias pass.
     """
+    pad_w, _, pad_h, _, _, _ = conv._padding
+    if _as_2d_taps(conv, inp):
+        return tap_parts(conv, inp, pad_h, pad_w)
+    out = F.conv3d(inp, conv_weight(conv, CL3D), None, conv.stride, (0, pad_h, pad_w),
+                   conv.dilation, conv.groups)
+    return [to_cl3d(out)]  # cuDNN keeps channels-last-3d; some CPU conv paths do not
+
+
+def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Tensor]:
+    """A batch-1 3x3x3 conv (no bias) as three per-tap 2-D convs: ``inp[0]`` permuted to
+    (T, C, H, W) is a channels-last batch of frames (a view), so each temporal tap is a 2-D
+    conv over a frame slice of the same memory; each output is again a (1, C, T', H, W)
+    channels-last-3d view."""
     frames = inp[0].permute(1, 0, 2, 3)
     out_t = frames.shape[0] - 2
     taps = cached(conv, "taps", (conv.weight,), lambda: [
-        conv.weight[:, :, k].detach().contiguous(memory_format=torch.channels_last) for k in range(3)])
-    out = F.conv2d(frames[0:out_t], taps[0], conv.bias, padding=(pad_h, pad_w))
-    out += F.conv2d(frames[1:out_t + 1], taps[1], None, padding=(pad_h, pad_w))
-    out += F.conv2d(frames[2:out_t + 2], taps[2], None, padding=(pad_h, pad_w))
-    return out.unsqueeze(0).permute(0, 2, 1, 3, 4)
+        conv.weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
+        for k in range(3)])
+    return [F.conv2d(frames[k:k + out_t], taps[k], None, padding=(pad_h, pad_w))
+            .unsqueeze(0).permute(0, 2, 1, 3, 4) for k in range(3)]
+
+
+def sum_parts(parts: list[torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
+    """``sum(parts) + bias`` in torch, into ``parts[0]`` (where no fused consumer takes them)."""
+    out = parts[0]
+    for part in parts[1:]:
+        out += part
+    if bias is not None:
+        out += bias.reshape(1, -1, 1, 1, 1)
+    return out
+
+
+def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The causal conv's input buffer for new frames shaped like ``x``: ``(buffer, view of its
+    new frames, zero frames in front)``. Cached frames ``prev`` (used only when the conv pads
+    time, the stock rule) are copied in behind the zero frames; the caller writes the new
+    frames into the view (a producer kernel can write there directly: no extra copy).
+    Spatial zero padding is the convolution's own ``padding``, which computes the same sums.
+    """
+    pad_t = conv._padding[4]
+    if pad_t == 0:
+        return x, x, 0
+    uses_prev = prev is not None
+    n_prev = prev.shape[2] if uses_prev else 0
+    zeros = pad_t - n_prev
+    if zeros < 0:
+        raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pad_t}")
+    shape = list(x.shape)
+    shape[2] = zeros + n_prev + x.shape[2]
+    inp = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+    if zeros:
+        inp[:, :, :zeros].zero_()
+    if n_prev:
+        inp[:, :, zeros:zeros + n_prev].copy_(prev)
+    return inp, inp[:, :, zeros + n_prev:], zeros
+
+
+def next_cache(inp: torch.Tensor, zeros: int) -> torch.Tensor:
+    """What the stock block caches for a conv that pads time: the last ``CACHE_T`` frames of
+    ``prev ++ x``, which in the assembled input are the frames after the zero padding."""
+    start = max(zeros, inp.shape[2] - CACHE_T)
+    return inp[:, :, start:].clone(memory_format=CL3D)
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,
@@ -208,46 +285,19 @@ def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | N
 
     Returns ``(output, next cache)``; the next cache (only with ``keep_cache``) is what the
     stock block stores for this conv: the last ``CACHE_T`` frames of ``prev ++ x`` (just ``x``
-    when that is one frame and there is no ``prev``), as a new tensor.
-
-    The stock module concatenates ``prev`` and ``x`` and zero-pads time and space with
-    ``F.pad`` (two copies); here time is assembled in one channels-last-3d buffer and the
-    spatial zero padding is the convolution's own ``padding``, which computes the same sums.
-    ``prev`` counts only when the conv pads time (the stock rule), and fills the front of the
-    temporal padding; the rest stays zero.
+    when that is one frame and there is no ``prev``), as a new tensor. The stock module
+    concatenates and pads with two copies; here the input is assembled once (``causal_input``).
     """
-    pad_w, _, pad_h, _, pad_t, _ = conv._padding
-    frames = x.shape[2]
-    uses_prev = prev is not None and pad_t > 0
-    n_prev = prev.shape[2] if uses_prev else 0
-    zeros = pad_t - n_prev
-    if zeros < 0:
-        raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pad_t}")
-    if pad_t == 0:
-        inp = x
-    else:
-        shape = list(x.shape)
-        shape[2] = zeros + n_prev + frames
-        inp = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
-        if zeros:
-            inp[:, :, :zeros].zero_()
-        if n_prev:
-            inp[:, :, zeros:zeros + n_prev].copy_(prev)
-        inp[:, :, zeros + n_prev:].copy_(x)
+    pad_t = conv._padding[4]
+    inp, new, zeros = causal_input(conv, x, prev if pad_t > 0 else None)
+    if new is not x:
+        new.copy_(x)
     cache = None
     if keep_cache:
         if pad_t > 0:
-            # The frames after the zero padding are exactly prev ++ x.
-            start = max(zeros, inp.shape[2] - CACHE_T)
-            cache = inp[:, :, start:].clone(memory_format=CL3D)
-        elif frames < CACHE_T and prev is not None:
+            cache = next_cache(inp, zeros)
+        elif x.shape[2] < CACHE_T and prev is not None:
             cache = to_cl3d(torch.cat([prev[:, :, -1:].to(x.device), x], dim=2))
         else:
             cache = x[:, :, -CACHE_T:].clone(memory_format=CL3D)
-    if _as_2d_taps(conv, inp):
-        out = _conv3d_taps(conv, inp, pad_h, pad_w)
-    else:
-        out = F.conv3d(inp, conv_weight(conv, CL3D), conv.bias, conv.stride, (0, pad_h, pad_w),
-                       conv.dilation, conv.groups)
-    # cuDNN keeps channels-last-3d; some CPU conv paths return contiguous output.
-    return to_cl3d(out), cache
+    return sum_parts(conv_parts(conv, inp), conv.bias), cache

@@ -6,13 +6,17 @@ about 2.5x slower than the memory floor, and a residual add then costs one more 
 decoder at 1024² those adds were 6.3 ms of a 24.5 ms fast decode. Here one pass reads ``out``
 (and ``res``), adds the bias in fp32 and writes ``out``.
 
-Layout: channels innermost and dense (NHWC or NDHWC, any batch). Each program owns a
+Addends: up to two more tensors of ``out``'s shape, dtype and strides join the same sum, so a
+conv computed as per-tap partial outputs is summed and biased in this one pass.
+
+Layout: channels innermost and dense (NHWC or NDHWC, any batch; size-1 dims may have any
+stride, so a batch-1 time slice of a channels-last-3d buffer qualifies). Each program owns a
 [BLOCK_P, BLOCK_C] tile of whole pixels, so the channel index is the tile column (no modulo)
 and loads along C are contiguous. Row offsets are int64 (a 2048² 128-channel batch of four
 exceeds 2^31 elements).
 
-Rounding: the sum is formed in fp32 and rounded once to ``out.dtype``; stock rounds after the
-bias add and again after the residual add, so half-precision results may differ by one ULP.
+Rounding: the sum is formed in fp32 (order: out, addends, bias, residual) and rounded once to
+``out.dtype``; stock rounds after each add, so half-precision results may differ by one ULP.
 """
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 MAX_BLOCK_C = 8192
+# The kernel has one pointer argument per addend; more would need a variadic kernel.
+MAX_ADDENDS = 2
 
 
 def _pow2(v: int) -> int:
@@ -31,17 +37,35 @@ def _pow2(v: int) -> int:
 
 
 def _channels_inner_dense(x: torch.Tensor) -> bool:
+    # is_contiguous ignores the strides of size-1 dims: batch-1 slices along T pass.
     return x.dim() >= 2 and x.movedim(1, -1).is_contiguous()
 
 
+def _same_layout(t: torch.Tensor, out: torch.Tensor) -> bool:
+    """Same shape and strides on every dim of size > 1 (the only strides that place elements).
+
+    Then a channels-inner-dense ``out`` makes ``t`` one too, and both share the kernel's offsets.
+    """
+    return t.shape == out.shape and all(
+        size == 1 or t.stride(d) == out.stride(d) for d, size in enumerate(out.shape)
+    )
+
+
 def bias_residual_add_reference(
-    out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+    *,
+    addends: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor:
-    """``out + bias (+ residual)`` in fp32, rounded once to out.dtype, in out's layout (new tensor).
+    """``out + addends... + bias (+ residual)`` in fp32 in that order, rounded once to out.dtype,
+    in out's layout (new tensor).
 
     The fallback of ``bias_residual_add_`` and its test oracle.
     """
     y = out.float()
+    for a in addends:
+        y = y + a.float()
     if bias is not None:
         y = y + bias.float().reshape((1, -1) + (1,) * (out.dim() - 2))
     if residual is not None:
@@ -50,7 +74,11 @@ def bias_residual_add_reference(
 
 
 def bias_residual_add_unsupported(
-    out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+    *,
+    addends: tuple[torch.Tensor, ...] = (),
 ) -> str | None:
     """Why ``bias_residual_add_`` cannot take these tensors (short, for the log); None if it can."""
     reason = triton_unavailable_reason(out)
@@ -65,17 +93,25 @@ def bias_residual_add_unsupported(
     c = out.shape[1]
     if _pow2(c) > MAX_BLOCK_C:
         return f"{c} channels is too wide for one tile"
-    if bias is None and residual is None:
+    if not isinstance(addends, (tuple, list)):
+        return f"addends is {type(addends).__name__}, not a tuple"
+    if len(addends) > MAX_ADDENDS:
+        return f"{len(addends)} addends (at most {MAX_ADDENDS})"
+    if bias is None and residual is None and not addends:
         return "nothing to add"
     if bias is not None:
         if bias.numel() != c or bias.device != out.device or not bias.is_floating_point():
             return "bias does not match the output's channels/device"
     if residual is not None:
-        if (residual.shape != out.shape or residual.stride() != out.stride()
+        if (not _same_layout(residual, out)
                 or residual.dtype != out.dtype or residual.device != out.device):
             return "residual differs from the output in shape, layout, dtype or device"
+    for i, a in enumerate(addends):
+        if (not isinstance(a, torch.Tensor) or not _same_layout(a, out)
+                or a.dtype != out.dtype or a.device != out.device):
+            return f"addend {i} differs from the output in shape, layout, dtype or device"
     if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (out, bias, residual)
+        t is not None and t.requires_grad for t in (out, bias, residual, *addends)
     ):
         return "autograd (the kernel has no backward)"
     if torch.compiler.is_compiling():
@@ -83,12 +119,29 @@ def bias_residual_add_unsupported(
     return None
 
 
+def sum_biases(*biases: torch.Tensor | None) -> torch.Tensor | None:
+    """One bias for several convs whose outputs are added (None when none has one): summed in
+    fp32 and rounded once, where stock rounds after each conv's own bias add."""
+    present = [b for b in biases if b is not None]
+    if not present:
+        return None
+    return torch.stack([b.float() for b in present]).sum(0).to(present[0].dtype)
+
+
 def bias_residual_add_(
-    out: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None = None
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+    *,
+    addends: tuple[torch.Tensor, ...] = (),
 ) -> torch.Tensor | None:
-    """``out += bias (+ residual)`` in place; returns ``out``, or None when unsupported
-    (``bias_residual_add_unsupported`` says why; the caller falls back to torch ops)."""
-    if bias_residual_add_unsupported(out, bias, residual) is not None:
+    """``out += addends... + bias (+ residual)`` in place; returns ``out``, or None when
+    unsupported (``bias_residual_add_unsupported`` says why; the caller falls back to torch ops).
+
+    ``residual`` and the addends may be ``out`` itself (each element is read before it is
+    written, by the same program) but must not partly overlap it.
+    """
+    if bias_residual_add_unsupported(out, bias, residual, addends=addends) is not None:
         return None
     c = out.shape[1]
     block_c = _pow2(c)
@@ -96,11 +149,13 @@ def bias_residual_add_(
     rows = out.numel() // c
     bias_arg = out if bias is None else bias.contiguous()
     res_arg = out if residual is None else residual
+    # Absent addends get ``out`` as a placeholder pointer; N_ADDENDS keeps it unread.
+    a0, a1 = (tuple(addends) + (out, out))[:2]
     grid = (triton.cdiv(rows, block_p),)
     with _on_device(out.device):
         _bias_residual_add_kernel[grid](
-            out, bias_arg, res_arg, rows,
-            C=c, BLOCK_P=block_p, BLOCK_C=block_c,
+            out, a0, a1, bias_arg, res_arg, rows,
+            C=c, BLOCK_P=block_p, BLOCK_C=block_c, N_ADDENDS=len(addends),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None,
             num_warps=NUM_WARPS,
         )
@@ -129,9 +184,9 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["ROWS"])  # one compilation per (C, dtype, flags), any size
     def _bias_residual_add_kernel(
-        out_ptr, bias_ptr, res_ptr, ROWS,
+        out_ptr, a0_ptr, a1_ptr, bias_ptr, res_ptr, ROWS,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
+        N_ADDENDS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
     ):
         rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None]
         c = tl.arange(0, BLOCK_C)[None, :]
@@ -139,6 +194,11 @@ if triton is not None:
         mask = (rows < ROWS) & c_ok
         offs = rows * C + c
         y = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        # Addends share out's offsets (same strides, checked); the reference's order of adds.
+        if N_ADDENDS >= 1:
+            y += tl.load(a0_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        if N_ADDENDS >= 2:
+            y += tl.load(a1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         if HAS_BIAS:
             y += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
         if HAS_RES:
@@ -147,6 +207,7 @@ if triton is not None:
 
 
 __all__ = [
+    "sum_biases",
     "bias_residual_add_",
     "bias_residual_add_reference",
     "bias_residual_add_unsupported",

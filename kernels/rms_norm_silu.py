@@ -9,6 +9,12 @@ throughout, rounded once to ``x.dtype``. Each program owns a [BLOCK_P, BLOCK_C] 
 whole pixels, all their channels. C is the innermost, contiguous dimension (channels-last), so
 the reduction stays inside the tile and loads are coalesced; many pixels per program keep the
 launch small (one program per pixel costs far more than the arithmetic).
+
+Folded input: ``x`` may come with up to two ``addends`` (same shape, dtype and strides) and an
+``in_bias`` of C elements; the norm then takes ``s = x + addends... + in_bias``, summed in fp32 in
+that order and never rounded. A conv computed as per-tap partial outputs, its bias not yet
+added, is thus finished inside the norm's own memory pass rather than in passes of its own.
+``out`` may be given (e.g. a time slice of a bigger cache buffer) to write the result in place.
 """
 
 from __future__ import annotations
@@ -22,18 +28,28 @@ from .backend import tl, triton, triton_unavailable_reason
 MAX_CHANNELS = 8192
 # CUDA limits grid dimension 1 (the batch axis here) to 65535.
 MAX_BATCH = 65535
+# The kernel has one pointer argument per addend; more would need a variadic kernel.
+MAX_ADDENDS = 2
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
-def rms_norm_silu_reference(x, gamma, bias, eps=1e-12, silu=True):
+def rms_norm_silu_reference(
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None
+):
     """Stock math with fp32 accumulation; the fallback and the test oracle.
 
     ``gamma``/``bias`` may be flat (C,) or the stock (C, 1, ...) parameters; ``bias`` may also be
-    None or a python number. Returns ``x.dtype``.
+    None or a python number. The norm's input is ``x + addends... + in_bias`` summed in fp32 in
+    that order (the kernel's order). Returns
+    ``x.dtype``: a new tensor, or ``out`` written in place when given.
     """
     channels = x.shape[1]
     shape = (channels,) + (1,) * (x.dim() - 2)
     xf = x.float()
+    for a in addends:
+        xf = xf + a.float()
+    if in_bias is not None:
+        xf = xf + in_bias.to(device=x.device, dtype=torch.float32).reshape(shape)
     g = gamma.to(device=x.device, dtype=torch.float32).reshape(shape)
     norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(eps)
     y = xf / norm * (channels**0.5) * g
@@ -44,6 +60,8 @@ def rms_norm_silu_reference(x, gamma, bias, eps=1e-12, silu=True):
         y = y + float(bias)
     if silu:
         y = F.silu(y)
+    if out is not None:
+        return out.copy_(y)
     return y.to(x.dtype)
 
 
@@ -74,7 +92,47 @@ def _param_reason(name: str, t, x: torch.Tensor, channels: int) -> str | None:
     return None
 
 
-def rms_norm_silu_unsupported(x, gamma, bias) -> str | None:
+def _same_layout(t: torch.Tensor, x: torch.Tensor) -> bool:
+    """Same shape and strides as ``x``; strides of size-1 dims carry no layout and are ignored.
+
+    Addends share ``x``'s offsets in the kernel, so equal strides are what makes that valid.
+    """
+    return t.shape == x.shape and all(
+        size == 1 or t.stride(d) == x.stride(d) for d, size in enumerate(x.shape)
+    )
+
+
+def _addends_reason(addends, x: torch.Tensor) -> str | None:
+    if not isinstance(addends, (tuple, list)):
+        return f"addends is {type(addends).__name__}, not a tuple"
+    if len(addends) > MAX_ADDENDS:
+        return f"{len(addends)} addends (at most {MAX_ADDENDS})"
+    for i, a in enumerate(addends):
+        if not isinstance(a, torch.Tensor):
+            return f"addend {i} is {type(a).__name__}, not a tensor"
+        if a.dtype != x.dtype or a.device != x.device:
+            return f"addend {i} is {a.dtype} on {a.device}, input {x.dtype} on {x.device}"
+        if not _same_layout(a, x):
+            return f"addend {i} differs from the input in shape or strides"
+    return None
+
+
+def _out_reason(out, x: torch.Tensor, addends) -> str | None:
+    if not isinstance(out, torch.Tensor):
+        return f"out is {type(out).__name__}, not a tensor"
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        return "out differs from the input in shape, dtype or device"
+    if not _pixels_dense(out):
+        return "out not channels-last (channels not the innermost contiguous dim)"
+    # Only exact aliasing is caught; a partial overlap is the caller's to avoid (see rms_norm_silu).
+    if any(out.data_ptr() == t.data_ptr() for t in (x, *addends)):
+        return "out aliases an input"
+    return None
+
+
+def rms_norm_silu_unsupported(
+    x, gamma, bias, *, addends=(), in_bias=None, out=None
+) -> str | None:
     """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason."""
     reason = triton_unavailable_reason(x)
     if reason is not None:
@@ -99,8 +157,20 @@ def rms_norm_silu_unsupported(x, gamma, bias) -> str | None:
             return reason
     elif bias is not None and not isinstance(bias, (int, float)):
         return f"bias is {type(bias).__name__}"
+    reason = _addends_reason(addends, x)
+    if reason is not None:
+        return reason
+    if in_bias is not None:
+        reason = _param_reason("in_bias", in_bias, x, channels)
+        if reason is not None:
+            return reason
+    if out is not None:
+        reason = _out_reason(out, x, addends)
+        if reason is not None:
+            return reason
     if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (x, gamma, bias)
+        isinstance(t, torch.Tensor) and t.requires_grad
+        for t in (x, gamma, bias, in_bias, out, *addends)
     ):
         return "autograd (the kernel has no backward)"
     return None
@@ -127,6 +197,9 @@ if triton is not None:
     @triton.jit(do_not_specialize=["pixels"])
     def _rms_norm_silu_kernel(
         x_ptr,
+        a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
+        a1_ptr,
+        in_bias_ptr,
         gamma_ptr,
         bias_ptr,
         out_ptr,
@@ -137,6 +210,8 @@ if triton is not None:
         scale,
         eps,
         bias_scalar,
+        N_ADDENDS: tl.constexpr,
+        HAS_IN_BIAS: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         SILU: tl.constexpr,
         BLOCK_P: tl.constexpr,
@@ -150,7 +225,18 @@ if triton is not None:
         mask = (rows < pixels)[:, None] & col_mask[None, :]
         offs = rows[:, None] * channels + cols[None, :]
 
-        x = tl.load(x_ptr + n * x_stride_n + offs, mask=mask, other=0.0).to(tl.float32)
+        x_offs = n * x_stride_n + offs
+        x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        # The folded sum stays fp32 up to the norm, in the reference's order (x, addends,
+        # in_bias): rounding it to x.dtype first would cost the precision the fusion keeps.
+        if N_ADDENDS >= 1:
+            x += tl.load(a0_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        if N_ADDENDS >= 2:
+            x += tl.load(a1_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
+        if HAS_IN_BIAS:
+            # Masked pixel rows pick up in_bias, but each row's norm is its own and they are
+            # never stored.
+            x += tl.load(in_bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         # Masked lanes load 0, so they do not change the sum of squares.
         norm = tl.sqrt(tl.sum(x * x, axis=1))
         factor = scale / tl.maximum(norm, eps)
@@ -170,16 +256,23 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
 
 
-def rms_norm_silu(x, gamma, bias, eps=1e-12, silu=True) -> torch.Tensor | None:
+def rms_norm_silu(
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None
+) -> torch.Tensor | None:
     """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor.
 
-    Returns None when :func:`rms_norm_silu_unsupported` gives a reason (the caller then takes the
-    stock path); otherwise a new tensor of ``x.dtype`` in ``x``'s channels-last memory format.
+    The norm's input is ``x + addends... + in_bias`` (fp32, see the module docstring). Returns
+    None when :func:`rms_norm_silu_unsupported` gives a reason (the caller then takes the stock
+    path); otherwise ``out`` written in place, or when ``out`` is None a new tensor of
+    ``x.dtype`` in ``x``'s channels-last memory format. ``out`` must not overlap ``x`` or an
+    addend: tiles are read and written by different programs in no set order.
     """
-    if rms_norm_silu_unsupported(x, gamma, bias) is not None:
+    reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out)
+    if reason is not None:
         return None
-    fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    if out is None:
+        fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
+        out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     if x.numel() == 0:
         return out
     batch, channels = x.shape[0], x.shape[1]
@@ -188,10 +281,16 @@ def rms_norm_silu(x, gamma, bias, eps=1e-12, silu=True) -> torch.Tensor | None:
     has_bias = isinstance(bias, torch.Tensor)
     bias_flat = _flat(bias) if has_bias else gamma_flat  # unread when HAS_BIAS is False
     bias_scalar = 0.0 if has_bias or bias is None else float(bias)
+    # Absent addends / in_bias get x as a placeholder pointer; the constexprs keep it unread.
+    a0, a1 = (tuple(addends) + (x, x))[:2]
+    in_bias_flat = x if in_bias is None else _flat(in_bias)
     block_p, block_c, num_warps = rms_norm_silu_config(channels, x.element_size())
     grid = (triton.cdiv(pixels, block_p), batch)
     args = (
         x,
+        a0,
+        a1,
+        in_bias_flat,
         gamma_flat,
         bias_flat,
         out,
@@ -203,7 +302,14 @@ def rms_norm_silu(x, gamma, bias, eps=1e-12, silu=True) -> torch.Tensor | None:
         float(eps),
         bias_scalar,
     )
-    meta = {"HAS_BIAS": has_bias, "SILU": bool(silu), "BLOCK_P": block_p, "BLOCK_C": block_c}
+    meta = {
+        "N_ADDENDS": len(addends),
+        "HAS_IN_BIAS": in_bias is not None,
+        "HAS_BIAS": has_bias,
+        "SILU": bool(silu),
+        "BLOCK_P": block_p,
+        "BLOCK_C": block_c,
+    }
     if x.is_cuda:  # Triton launches on the current device; x may live on another GPU
         with torch.cuda.device(x.device):
             _rms_norm_silu_kernel[grid](*args, **meta, num_warps=num_warps)

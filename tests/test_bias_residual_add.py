@@ -74,6 +74,93 @@ def test_unsupported_inputs_are_declined_untouched():
     assert bias_residual_add_unsupported(out, None, None) == "nothing to add"
 
 
+# Addends (per-tap partial conv outputs) folded into the same pass; out as (shape, kind).
+FOLD_CASES = [
+    ((1, 96, 3, 5, 7), "fresh"),  # Wan's width C=96 (tile column padded to 128), 5-D
+    # channels-last-3d, 105 pixels: more than one tile, the last partial
+    ((1, 96, 3, 5, 7), "time-slice"),  # out a batch-1 time slice buf[:, :, 2:] of a
+    # (1, C, T+2, H, W) cache buffer: channels inner dense, batch stride not that of a fresh one
+    ((2, 32, 2, 3, 4), "fresh"),  # batch 2, power-of-two C: rows run across samples
+    ((1, 16, 5, 6), "fresh"),  # 4-D channels-last takes addends too
+]
+
+
+def _like(shape, dtype, gen):
+    fmt = torch.channels_last_3d if len(shape) == 5 else torch.channels_last
+    return torch.randn(shape, generator=gen).to(dtype).contiguous(memory_format=fmt)
+
+
+def _fold_tensors(shape, kind, dtype, n_addends, residual, gen):
+    """(out, buf, addends, bias, res). Addends and res are fresh tensors: for a time-slice out
+    they differ from it only in the batch stride, which a batch of 1 never uses."""
+    buf = None
+    if kind == "time-slice":
+        n, c, t, h, w = shape
+        buf = _like((n, c, t + 2, h, w), dtype, gen)
+        out = buf[:, :, 2:]
+    else:
+        out = _like(shape, dtype, gen)
+    addends = tuple(_like(shape, dtype, gen) for _ in range(n_addends))
+    bias = torch.randn(shape[1], generator=gen).to(dtype)
+    res = _like(shape, dtype, gen) if residual else None
+    return out, buf, addends, bias, res
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("n_addends", [0, 1, 2])
+@pytest.mark.parametrize("shape,kind", FOLD_CASES)
+def test_addends_match_reference(shape, kind, n_addends, residual, dtype):
+    gen = torch.Generator().manual_seed(1)
+    out, buf, addends, bias, res = _fold_tensors(shape, kind, dtype, n_addends, residual, gen)
+    head = None if buf is None else buf[:, :, :2].clone()
+    expected = bias_residual_add_reference(out, bias, res, addends=addends)
+    assert bias_residual_add_unsupported(out, bias, res, addends=addends) is None
+    assert bias_residual_add_(out, bias, res, addends=addends) is out
+    if buf is not None:
+        assert torch.equal(buf[:, :, :2], head)  # frames before the slice untouched
+    rtol, atol = TOL[dtype]  # same order of fp32 adds, one rounding each (see TOL)
+    torch.testing.assert_close(out, expected, rtol=rtol, atol=atol)
+
+
+def test_addends_without_bias_or_residual():
+    gen = torch.Generator().manual_seed(2)
+    out, _, addends, _, _ = _fold_tensors((1, 8, 2, 3, 3), "fresh", torch.float32, 2, False, gen)
+    expected = out + addends[0] + addends[1]
+    assert bias_residual_add_(out, None, None, addends=addends) is out
+    torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_reference_addend_order():
+    gen = torch.Generator().manual_seed(3)
+    out, _, addends, bias, res = _fold_tensors((1, 8, 2, 3, 3), "fresh", torch.float32, 2, True,
+                                               gen)
+    expected = out + addends[0] + addends[1] + bias.view(1, -1, 1, 1, 1) + res
+    torch.testing.assert_close(
+        bias_residual_add_reference(out, bias, res, addends=addends), expected, rtol=0, atol=0
+    )
+
+
+def test_unsupported_addends_are_declined_untouched():
+    gen = torch.Generator().manual_seed(4)
+    out, _, addends, bias, _ = _fold_tensors((1, 8, 2, 3, 3), "fresh", torch.float32, 1, False,
+                                             gen)
+    before = out.clone()
+    cases = {
+        "strides": (addends[0].contiguous(),),
+        "three": addends * 3,
+        "dtype": (addends[0].to(torch.bfloat16),),
+        "shape": (addends[0][:, :, :1],),
+    }
+    for name, bad in cases.items():
+        assert isinstance(bias_residual_add_unsupported(out, bias, None, addends=bad), str), name
+        assert bias_residual_add_(out, bias, None, addends=bad) is None, name
+    assert torch.equal(out, before)
+    # A batch-2 time slice is not one dense run of pixels (the kernel indexes rows flat).
+    batch2 = _like((2, 8, 4, 3, 3), torch.float32, gen)[:, :, 2:]
+    assert bias_residual_add_unsupported(batch2, bias, None) == "not channels-last"
+
+
 @pytest.mark.cuda
 def test_offsets_beyond_int32_on_the_gpu():
     # 2^31 + a few elements: int32 offsets would wrap and write the wrong pixels.

@@ -212,6 +212,123 @@ assert m.rms_norm_silu_reference(x, torch.ones(8), None).shape == x.shape
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=120)
 
 
+# Folded input (addends, in_bias) and a preallocated ``out``. Shapes are (C, T, H, W); the batch
+# comes from the out kind.
+FOLD_SHAPES = [
+    (96, 3, 5, 7),  # Wan's C=96 (masked lanes in a 128 tile); 105 pixels over BLOCK_P=64: two
+    # tiles, the last partial, so masked rows meet in_bias
+    (32, 2, 3, 4),  # power-of-2 C, 24 pixels: one partial tile
+]
+# new: out=None; fresh: a preallocated channels-last-3d tensor; time-slice: buf[:, :, 2:] of a
+# (1, C, T+2, H, W) cache buffer (the batch stride differs from x's, and must not matter);
+# batch2: the same slice of a batch-2 buffer, so out's batch stride is used and differs from x's.
+OUT_KINDS = ["new", "fresh", "time-slice", "batch2"]
+
+
+def _fold_inputs(channels, t, h, w, batch, n_addends, with_in_bias, dtype, gen):
+    shape = (batch, channels, t, h, w)
+    x = _channels_last(torch.randn(shape, generator=gen).to(dtype))
+    addends = tuple(
+        _channels_last(torch.randn(shape, generator=gen).to(dtype)) for _ in range(n_addends)
+    )
+    in_bias = 0.5 * torch.randn(channels, generator=gen).to(dtype) if with_in_bias else None
+    gamma, bias = _params(channels, 5, "tensor", gen)
+    return x, addends, in_bias, gamma, bias
+
+
+def _out_for(kind, x, gen):
+    """(out, buf): out as the kernel gets it; buf the tensor it is a view of (or None)."""
+    if kind == "new":
+        return None, None
+    if kind == "fresh":
+        return torch.empty_like(x, memory_format=torch.channels_last_3d), None
+    n, c, t, h, w = x.shape
+    buf = _channels_last(torch.randn(n, c, t + 2, h, w, generator=gen).to(x.dtype))
+    return buf[:, :, 2:], buf
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_kind", OUT_KINDS)
+@pytest.mark.parametrize("with_in_bias", [False, True])
+@pytest.mark.parametrize("n_addends", [0, 1, 2])
+@pytest.mark.parametrize("dims", FOLD_SHAPES)
+def test_folded_input_and_out_match_reference(dims, n_addends, with_in_bias, out_kind, dtype):
+    gen = torch.Generator().manual_seed(5)
+    batch = 2 if out_kind == "batch2" else 1
+    x, addends, in_bias, gamma, bias = _fold_inputs(
+        *dims, batch, n_addends, with_in_bias, dtype, gen
+    )
+    out, buf = _out_for(out_kind, x, gen)
+    head = None if buf is None else buf[:, :, :2].clone()
+    kw = {"addends": addends, "in_bias": in_bias}
+    assert rms_norm_silu_unsupported(x, gamma, bias, **kw, out=out) is None
+    result = rms_norm_silu(x, gamma, bias, **kw, out=out)
+    ref = rms_norm_silu_reference(x, gamma, bias, **kw)
+    if out is not None:
+        assert result is out
+    assert result.dtype == dtype and result.shape == x.shape
+    if buf is not None:
+        assert torch.equal(buf[:, :, :2], head)  # frames before the slice untouched
+    # As in test_kernel_matches_reference: the fp32 sum of the inputs is formed in the same
+    # order by both, so they differ only in the norm (fp32: a few ulp; bf16: one rounding of an
+    # fp32 result each, so at most one bf16 ulp, 2**-7 of the binade).
+    rtol = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(result, ref, rtol=rtol, atol=1e-5)
+
+
+def test_reference_folds_before_the_norm():
+    gen = torch.Generator().manual_seed(6)
+    x, addends, in_bias, gamma, bias = _fold_inputs(8, 2, 3, 3, 1, 2, True, torch.float32, gen)
+    s = x + addends[0] + addends[1] + in_bias.reshape(8, 1, 1, 1)
+    torch.testing.assert_close(
+        rms_norm_silu_reference(x, gamma, bias, addends=addends, in_bias=in_bias),
+        rms_norm_silu_reference(s, gamma, bias),
+        rtol=0,
+        atol=0,
+    )
+    out = torch.empty_like(x)
+    assert rms_norm_silu_reference(x, gamma, bias, addends=addends, out=out) is out
+    torch.testing.assert_close(out, rms_norm_silu_reference(x, gamma, bias, addends=addends))
+
+
+def test_bf16_input_with_fp32_in_bias():
+    # A conv bias kept in fp32 next to bf16 activations: in_bias may be any float dtype.
+    gen = torch.Generator().manual_seed(7)
+    x, addends, _, gamma, bias = _fold_inputs(96, 1, 2, 3, 1, 1, False, torch.bfloat16, gen)
+    in_bias = 0.5 * torch.randn(96, generator=gen)
+    out = rms_norm_silu(x, gamma, bias, addends=addends, in_bias=in_bias)
+    ref = rms_norm_silu_reference(x, gamma, bias, addends=addends, in_bias=in_bias)
+    torch.testing.assert_close(out, ref, rtol=2**-7, atol=1e-5)  # one bf16 ulp, as above
+
+
+def _fold_x():
+    return _x((1, 8, 2, 3, 3))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda x: {"addends": (x.contiguous(),)}, id="addend-strides"),
+        pytest.param(lambda x: {"addends": (x.clone(),) * 3}, id="three-addends"),
+        pytest.param(lambda x: {"addends": (x.clone().double(),)}, id="addend-dtype"),
+        pytest.param(lambda x: {"addends": (x[:, :, :1].clone(),)}, id="addend-shape"),
+        pytest.param(lambda x: {"in_bias": torch.zeros(7)}, id="in-bias-numel"),
+        pytest.param(lambda x: {"out": x}, id="out-is-x"),
+        pytest.param(lambda x: {"out": x.clone().to(torch.bfloat16)}, id="out-dtype"),
+        pytest.param(lambda x: {"out": torch.empty(x.shape)}, id="out-not-channels-last"),
+        pytest.param(lambda x: {"out": torch.empty(1, 8, 1, 3, 3)}, id="out-shape"),
+    ],
+)
+def test_unsupported_fold_returns_none(make):
+    x = _fold_x()
+    kw = make(x)
+    reason = rms_norm_silu_unsupported(x, torch.ones(8), None, **kw)
+    assert isinstance(reason, str) and reason
+    before = x.clone()
+    assert rms_norm_silu(x, torch.ones(8), None, **kw) is None
+    assert torch.equal(x, before)
+
+
 # Tier 3: real sizes on a GPU.
 CUDA_CASES = [
     ((1, 96, 4, 480, 832), torch.bfloat16),  # Wan 2.1 decoder, full resolution: 153M elements

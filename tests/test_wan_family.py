@@ -122,18 +122,44 @@ def test_assemble_frames_takes_any_chunk_sizes():
     assert assemble_frames(lambda i: chunks[0], 1) is chunks[0]
 
 
-@pytest.mark.parametrize("kind,shape", CASES, ids=IDS)
-def test_high_close_to_lossless(models, kind, shape):
+def _high_and_stock(models, kind, shape):
+    """(open-gate decode, stock decode, the open gate's stats) of one latent."""
     stock, model, _ = models[kind]
     z = latent(shape)
     with torch.no_grad():
         expected = stock.decode(z).sample
         with gate_for(model).opened(True) as stats:
             got = model.decode(z).sample
+    return got, expected, stats
+
+
+@pytest.mark.parametrize("kind,shape", CASES, ids=IDS)
+def test_high_close_to_lossless(models, kind, shape):
+    got, expected, stats = _high_and_stock(models, kind, shape)
     assert stats.fallbacks == {} and stats.fused_calls > 0
     assert got.shape == expected.shape and torch.isfinite(got).all()
     # fp32 throughout: the fused norm sums squares in another order and the channels-last convs
     # use other CPU kernels, each ~1e-7 relative; ~15 layers deep on outputs of magnitude ~1.
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
+def test_high_with_per_tap_convs_close_to_lossless(models, kind, shape, monkeypatch):
+    """The GPU's narrow-conv form on the CPU: every batch-1 3x3x3 conv as three per-tap parts,
+    which norm2 and the residual add sum together with the conv biases (the kernels' addends)."""
+    from fast_vae_decode.fastpath import wan_ops
+
+    taken = []
+
+    def always_taps(conv, inp):
+        ok = inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)
+        taken.append(ok)
+        return ok
+
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", always_taps)
+    got, expected, stats = _high_and_stock(models, kind, shape)
+    assert any(taken) and stats.fallbacks == {} and stats.fused_calls > 0
+    # As above: each tap's partial sum is one more fp32 rounding (~1e-7 relative).
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
@@ -157,15 +183,18 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
 
     model = tiny_wan("wan21")
     install_fast_path(model)
-    real = wan_modules.causal_conv3d
     second_convs = {id(m.conv2) for m in model.modules() if isinstance(m, FusedWanResidualBlock)}
 
-    def second_conv_fails(conv, x, prev, keep_cache=False):
-        if id(conv) in second_convs:  # a block's conv2: conv1 has made its new cache already
-            raise RuntimeError("injected")
-        return real(conv, x, prev, keep_cache)
+    def failing_for_second_convs(real):
+        def call(conv, *args, **kwargs):
+            if id(conv) in second_convs:  # a block's conv2: conv1 has made its new cache already
+                raise RuntimeError("injected")
+            return real(conv, *args, **kwargs)
+        return call
 
-    monkeypatch.setattr(wan_modules, "causal_conv3d", second_conv_fails)
+    # The block runs its convs through conv_parts; a conv module's own fast path, causal_conv3d.
+    for name in ("conv_parts", "causal_conv3d"):
+        monkeypatch.setattr(wan_modules, name, failing_for_second_convs(getattr(wan_modules, name)))
     with torch.no_grad(), gate_for(model).opened(True) as stats:
         got = model.decode(z).sample
     assert any("kernel error" in r for r in stats.fallbacks)
@@ -174,13 +203,15 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
 
 def test_conv3d_as_2d_taps_equals_conv3d():
     """The per-temporal-tap form used for narrow convs on the GPU, checked here on the CPU."""
-    from fast_vae_decode.fastpath.wan_ops import CL3D, _conv3d_taps
+    from fast_vae_decode.fastpath.wan_ops import CL3D, sum_parts, tap_parts
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv3d(6, 5, 3)
     x = torch.randn(1, 6, 5, 7, 9, generator=gen).contiguous(memory_format=CL3D)
     with torch.no_grad():
-        got = _conv3d_taps(conv, x, 1, 1)
+        parts = tap_parts(conv, x, 1, 1)
+        assert all(p.is_contiguous(memory_format=CL3D) for p in parts)  # what the kernels take
+        got = sum_parts(parts, conv.bias)
         expected = torch.nn.functional.conv3d(x, conv.weight, conv.bias, padding=(0, 1, 1))
     # fp32: three partial sums added instead of one accumulation (~1e-7 relative).
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
