@@ -3,15 +3,17 @@
 Triton compiles a kernel variant (one per constexpr set and dtype) the first time it is launched,
 ~0.2-0.7 s each on an H200 host, and builds a C launcher per kernel signature (~0.35 s, gcc).
 An SDXL decode meets ~15 variants: compiled one after another inside the first decode they
-cost several seconds. Most of that work (ptxas, gcc, LLVM) runs outside the GIL, so here every
-distinct fused module runs its fast path once on a tiny input, in a thread pool, right before
-the first fused call of a model's first open-gate decode. Variants depend on channel counts and
-dtype only (sizes are never specialized; see the kernels' ``do_not_specialize``), so the real
-decode then finds them all compiled.
+cost several seconds (8 s measured). Right before the first fused call of a model's first
+open-gate decode, every distinct fused module runs its fast path once on a tiny input with
+Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); the distinct
+variants are then compiled, each once, in a thread pool (ptxas, gcc and LLVM run outside the
+GIL). Variants depend on channel counts and dtype only (sizes are never specialized; see the
+kernels' ``do_not_specialize``), so the real decode finds them all compiled.
 
 Warm-up is best effort and has no effect on results: a module that declines the tiny input or
-raises is skipped (its kernels then compile on first use, as without warm-up), and no frame
-cache or gate state is touched (``prewarm`` calls ``fast_forward`` without a cache).
+raises, or a variant that fails to compile, is skipped (it then compiles on first use, as
+without warm-up), and no frame cache or gate state is touched (``prewarm`` calls
+``fast_forward`` without a cache).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from ..kernels.backend import compile_launch, recording_launches, triton, variant_key
 from .log import log_once
 
 MAX_WORKERS = 8
@@ -76,7 +79,8 @@ def warm_up(gate, x: object) -> None:
     """Run the armed warm-up once for this gate (called by the first fused forward)."""
     with _LOCK:
         modules, gate.prewarm_modules = gate.prewarm_modules, None
-    if modules is None or not isinstance(x, torch.Tensor) or x.device.type not in DEVICE_TYPES:
+    if (modules is None or triton is None or not isinstance(x, torch.Tensor)
+            or x.device.type not in DEVICE_TYPES):
         return
     device, dtype = x.device, x.dtype
     jobs = _jobs(modules)
@@ -84,24 +88,39 @@ def warm_up(gate, x: object) -> None:
         return
     start = time.perf_counter()
     failures: list[str] = []
-
-    def one(module) -> None:
-        try:
-            with torch.inference_mode(), _on(device):
+    # 1. Learn the variants: each distinct module runs its fast path on a tiny input with
+    #    Triton launches recorded, not run (torch ops still run; outputs are garbage, dropped).
+    with recording_launches() as recorded, torch.inference_mode():
+        for module in jobs:
+            try:
                 module.prewarm(device, dtype)
-        except Exception as exc:  # best effort: the real call compiles it, or falls back itself
-            failures.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+            except Exception as exc:  # best effort: the real call compiles it, or falls back
+                failures.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+    variants = list({variant_key(r): r for r in recorded}.values())
 
-    # The first job alone: it sets up Triton's per-device state, which threads would race to.
-    one(jobs[0])
-    workers = min(MAX_WORKERS, os.cpu_count() or 1, len(jobs) - 1)
-    if workers > 0:
+    # 2. Compile every variant once, in parallel (ptxas, gcc and LLVM run outside the GIL).
+    def compile_one(record) -> None:
+        try:
+            with _on(device):
+                compile_launch(record)
+        except Exception as exc:
+            failures.append(f"{record[0]}: {type(exc).__name__}: {exc}".splitlines()[0])
+
+    if device.type == "cuda":
+        with _on(device):  # set Triton's driver up on this thread before the workers race to
+            triton.runtime.driver.active.get_current_device()
+    workers = min(MAX_WORKERS, os.cpu_count() or 1, len(variants))
+    if workers > 1:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fvd-prewarm") as pool:
-            list(pool.map(one, jobs[1:]))
+            list(pool.map(compile_one, variants))
+    else:
+        for record in variants:
+            compile_one(record)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ms = (time.perf_counter() - start) * 1e3
-    log_once(f"prewarm:{id(gate)}", f"kernel warm-up: {len(jobs)} modules in {ms:.0f} ms"
+    log_once(f"prewarm:{id(gate)}", f"kernel warm-up: {len(variants)} kernel variants of "
+             f"{len(jobs)} modules in {ms:.0f} ms"
              + (f" ({len(failures)} skipped: {failures[0]})" if failures else ""))
     for failure in failures:
         _LOG.debug("warm-up skipped %s", failure)

@@ -6,7 +6,10 @@ Triton was not built for, is a per-call question.
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from typing import Iterator
 
 import torch
 
@@ -37,3 +40,50 @@ def triton_unavailable_reason(x: torch.Tensor | None = None) -> str | None:
     if x.device.type == "cpu" and interpreting():
         return None
     return f"{x.device.type} tensor"
+
+
+# --- launches, or compile-only recording (first-decode warm-up) --------------------------------
+
+_RECORDING = threading.local()
+
+
+def launch(kernel, grid, *args, **kwargs) -> None:
+    """``kernel[grid](*args, **kwargs)``, unless this thread is recording launches (see
+    ``recording_launches``): then the launch is only noted, to be compiled later."""
+    recorded = getattr(_RECORDING, "launches", None)
+    if recorded is None:
+        kernel[grid](*args, **kwargs)
+    else:
+        recorded.append((kernel, grid, args, kwargs))
+
+
+@contextlib.contextmanager
+def recording_launches() -> Iterator[list]:
+    """Inside: Triton launches made through ``launch`` on this thread run nothing and are
+    collected instead (outputs stay uninitialised). Used to learn which kernel variants a fast
+    path needs, so they can be compiled in parallel (``compile_launch``)."""
+    previous = getattr(_RECORDING, "launches", None)
+    _RECORDING.launches = recorded = []
+    try:
+        yield recorded
+    finally:
+        _RECORDING.launches = previous
+
+
+def variant_key(launch_record) -> tuple:
+    """What makes Triton compile a separate variant: the kernel, constexpr/option keywords,
+    and the dtypes of the tensor arguments (sizes are never specialized in this package)."""
+    kernel, _, args, kwargs = launch_record
+    dtypes = tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+    return (kernel, dtypes, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+
+
+def compile_launch(launch_record) -> None:
+    """Compile (and load, with its launcher) the variant a recorded launch would use."""
+    kernel, grid, args, kwargs = launch_record
+    if interpreting():
+        return  # the interpreter compiles nothing
+    compiled = kernel.warmup(*args, grid=grid, **kwargs)
+    init = getattr(compiled, "_init_handles", None)  # launcher build + module load
+    if callable(init):
+        init()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import tl, triton, triton_unavailable_reason
+from .backend import launch, tl, triton, triton_unavailable_reason
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TILE_ELEMENTS = 4096
@@ -153,7 +153,7 @@ def bias_residual_add_(
     a0, a1 = (tuple(addends) + (out, out))[:2]
     grid = (triton.cdiv(rows, block_p),)
     with _on_device(out.device):
-        _bias_residual_add_kernel[grid](
+        launch(_bias_residual_add_kernel, grid,
             out, a0, a1, bias_arg, res_arg, rows,
             C=c, BLOCK_P=block_p, BLOCK_C=block_c, N_ADDENDS=len(addends),
             HAS_BIAS=bias is not None, HAS_RES=residual is not None,

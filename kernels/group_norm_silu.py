@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .backend import tl, triton, triton_unavailable_reason
+from .backend import launch, tl, triton, triton_unavailable_reason
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -245,13 +245,13 @@ def group_norm_silu(
     out = torch.empty_like(x, memory_format=torch.channels_last)
 
     with _on_device(x.device):
-        _group_norm_stats_kernel[(splits, n)](
+        launch(_group_norm_stats_kernel, (splits, n),
             x, part_mean, part_m2, hw, pix_per_program, splits,
             C=c, G=num_groups, CPG=cpg,
             BLOCK_P=config.stats_block_p, BLOCK_C=_pow2(c), BLOCK_G=block_g,
             num_warps=config.stats_warps,
         )
-        _group_norm_finalize_kernel[(num_groups, n)](
+        launch(_group_norm_finalize_kernel, (num_groups, n),
             part_mean, part_m2,
             weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
             bias if bias is not None else shift,
@@ -261,7 +261,7 @@ def group_norm_silu(
             BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
             num_warps=config.finalize_warps,
         )
-        _group_norm_apply_kernel[(triton.cdiv(hw, apply_pix_per_program), n)](
+        launch(_group_norm_apply_kernel, (triton.cdiv(hw, apply_pix_per_program), n),
             x, out, scale, shift, hw, apply_tiles_per_program,
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=_pow2(c), SILU=bool(silu),
             num_warps=config.apply_warps,

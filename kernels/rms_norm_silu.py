@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import tl, triton, triton_unavailable_reason
+from .backend import launch, tl, triton, triton_unavailable_reason
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
 MAX_CHANNELS = 8192
@@ -312,7 +312,7 @@ def rms_norm_silu(
     }
     if x.is_cuda:  # Triton launches on the current device; x may live on another GPU
         with torch.cuda.device(x.device):
-            _rms_norm_silu_kernel[grid](*args, **meta, num_warps=num_warps)
+            launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)
     else:
-        _rms_norm_silu_kernel[grid](*args, **meta, num_warps=num_warps)
+        launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)
     return out

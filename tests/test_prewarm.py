@@ -140,3 +140,26 @@ def test_after_warm_up_a_decode_compiles_nothing_new():
     finally:
         knobs.runtime.jit_post_compile_hook = old
     assert armed and len(compiled) == before, f"{len(compiled) - before} variants compiled after warm-up"
+
+
+def test_recorded_launches_run_nothing_and_sizes_share_a_variant():
+    """Under ``recording_launches`` a kernel wrapper launches nothing; two sizes of the same
+    GroupNorm give one variant per kernel (sizes are never specialized)."""
+    from fast_vae_decode.kernels.backend import launch, recording_launches, variant_key
+    from fast_vae_decode.kernels.group_norm_silu import group_norm_silu
+
+    weight, bias = torch.ones(64), torch.zeros(64)
+    with recording_launches() as recorded:
+        for size in (4, 12):
+            x = torch.randn(1, 64, size, size).contiguous(memory_format=torch.channels_last)
+            assert group_norm_silu(x, weight, bias, 8, 1e-6) is not None
+    assert len(recorded) == 6  # stats, finalize, apply per call
+    assert len({variant_key(r) for r in recorded}) == 3
+
+    class NeverLaunched:
+        def __getitem__(self, grid):
+            raise AssertionError("launched while recording")
+
+    with recording_launches() as recorded:
+        launch(NeverLaunched(), (1,), torch.zeros(1), BLOCK=4)
+    assert len(recorded) == 1
