@@ -79,6 +79,11 @@ def decode_at_quality(vae: object, quality: str, decode: Callable[[], T]) -> tup
     if want_fast:
         outcome.reason, outcome.fused_modules = fast_path_unavailable(vae)
         want_fast = outcome.reason is None
+    else:
+        # Installing is also what gives lossless its exact shortcuts (the preallocated Wan
+        # decode loop, one-copy causal convs, the one-pass RMS norm); the gate stays closed.
+        for model in decoder_models(vae):
+            install_fast_path(model)
     start = time.perf_counter()
     with gates_opened(vae, want_fast) as stats:
         result = decode()

@@ -1,4 +1,4 @@
-"""A bit-exact, cheaper stock path for Wan's causal 3-D convs (what lossless runs).
+"""Bit-exact, cheaper stock paths for Wan's causal 3-D convs and RMS norms (what lossless runs).
 
 Stock ``CausalConv3d.forward`` (ComfyUI ``comfy.ldm.wan.vae``, diffusers ``WanCausalConv3d``)
 builds the conv input in two full copies: ``torch.cat([cache_x, x], 2)``, then ``F.pad`` for the
@@ -17,6 +17,8 @@ runs the stock ``forward`` itself.
 from __future__ import annotations
 
 import torch
+
+from ..kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
 
 
 def _padded_input(conv, x: torch.Tensor, cache_x: torch.Tensor | None) -> torch.Tensor | None:
@@ -77,4 +79,51 @@ class ExactCausalConv3d:
             return super().forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
         if cache_x is not None:
             return super().forward(x, cache_x, *args, **kwargs)
+        return super().forward(x, *args, **kwargs)
+
+
+# --- RMS norm --------------------------------------------------------------------------------
+# ComfyUI's ``RMS_norm`` is a norm reduction and four elementwise passes (divide, scale, gamma,
+# bias); ``kernels/rms_norm_exact.py`` does the four in one pass with stock's roundings. Which
+# formula a stock class computes is checked by behaviour at install (``exact_norm_reason``):
+# a newer ComfyUI that, say, normalizes in fp32 first simply keeps its own forward.
+
+EXACT_NORM_PROBE = (1, 1, 8, 8)  # (N, T, H, W) of the install-time probe; C is the norm's
+
+
+def exact_norm_reason(norm: torch.nn.Module) -> str | None:
+    """None when ``norm``'s stock forward computes ``rms_norm_exact_reference`` bit for bit
+    (checked on a seeded probe in fp32 and bf16, where the roundings differ by formula)."""
+    gamma = getattr(norm, "gamma", None)
+    if not isinstance(gamma, torch.Tensor) or not getattr(norm, "channel_first", False):
+        return "not a channel-first RMS norm with gamma"
+    bias = getattr(norm, "bias", None)
+    if bias is not None and not isinstance(bias, torch.Tensor):
+        return f"bias is a {type(bias).__name__}"
+    stock = type(norm).__dict__.get("_fvd_stock_class", type(norm))
+    gen = torch.Generator().manual_seed(0)
+    shape = (EXACT_NORM_PROBE[0], gamma.shape[0]) + EXACT_NORM_PROBE[1:]
+    probe = (torch.randn(shape, generator=gen) * 3).to(gamma.device)
+    try:
+        with torch.no_grad():
+            for dtype in (torch.float32, torch.bfloat16):
+                x = probe.to(dtype)
+                if not torch.equal(stock.forward(norm, x),
+                                   rms_norm_exact_reference(x, gamma, bias, float(norm.scale))):
+                    return f"stock RMS norm rounds differently in {dtype}"
+    except Exception as exc:  # e.g. weights on a meta device: no exact path
+        return f"RMS norm probe failed ({type(exc).__name__})"
+    return None
+
+
+class ExactRMSNorm:
+    """Mixin for a stock RMS norm whose formula ``exact_norm_reason`` confirmed at install."""
+
+    _fvd_exact: bool = False  # set at install once exact_norm_reason(module) is None
+
+    def forward(self, x, *args, **kwargs):
+        if self._fvd_exact and not args and not kwargs and isinstance(x, torch.Tensor):
+            y = rms_norm_exact(x, self.gamma, self.bias, float(self.scale))
+            if y is not None:
+                return y
         return super().forward(x, *args, **kwargs)

@@ -26,7 +26,7 @@ from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_con
 from .cache import cached
 from .fused import FusedModule
 from .prewarm import run_fast_once, tiny_input
-from .wan_exact import ExactCausalConv3d
+from .wan_exact import ExactCausalConv3d, ExactRMSNorm
 from .wan_ops import (
     CL3D,
     add_parts,
@@ -158,10 +158,12 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
         return out
 
 
-class FusedRMSNorm(FusedModule):
+class FusedRMSNorm(FusedModule, ExactRMSNorm):
     """A standalone ``RMS_norm`` (the decoder head's): ``rms_norm_silu`` without SiLU.
 
     The SiLU after it stays a stock ``nn.SiLU``: one elementwise pass that keeps the layout.
+    Its stock path is ``ExactRMSNorm`` where the family confirmed the formula
+    (``_fvd_exact`` set at install), else the stock forward.
     """
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:

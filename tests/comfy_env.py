@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import importlib
 import os
 import pathlib
 import sys
@@ -64,6 +65,10 @@ def loaded_pack() -> dict:
     if asyncio.iscoroutine(ok):
         ok = asyncio.run(ok)
     assert ok, "ComfyUI's custom-node loader refused the pack (see the log above)"
+    # As conftest does for the test copy: the loaded copy's kernels are decorated now, under
+    # this run's TRITON_INTERPRET, not inside a test that switched the interpreter off.
+    root = str(custom_nodes_dir() / PACK_DIR_NAME).replace(".", "_x_")
+    importlib.import_module(f"{root}.fastpath.families")
     return nodes.NODE_CLASS_MAPPINGS
 
 

@@ -45,6 +45,10 @@ def _import_repo_as_package() -> None:
 
 
 _import_repo_as_package()
+# Triton fixes interpreted-or-compiled when a kernel is decorated, i.e. at import. Load every
+# kernel now, while TRITON_INTERPRET is what this run set: a test that turns the interpreter
+# off (``no_interpreter``) must not be the first to import them.
+importlib.import_module(f"{PACKAGE}.fastpath.families")
 
 
 def pytest_configure(config):

@@ -62,6 +62,10 @@ def test_installs_into_comfyuis_wan_vae(vaes, arch):
     assert all(is_swapped(m) for m in model.decoder.modules()
                if type(m).__name__.endswith(("ResidualBlock]", "CausalConv3d]", "AttentionBlock]")))
     assert not any(is_swapped(m) for m in model.encoder.modules())
+    # Every RMS_norm of this tree passed the install-time formula probe: lossless runs them as
+    # one exact pass (the fused head norm has the same stock path).
+    norms = [m for m in model.decoder.modules() if type(m).__name__.endswith("RMS_norm]")]
+    assert norms and all(m._fvd_exact for m in norms)
 
 
 @pytest.mark.parametrize("arch,shape", CASES, ids=IDS)

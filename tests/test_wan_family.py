@@ -122,6 +122,20 @@ def test_assemble_frames_takes_any_chunk_sizes():
     assert assemble_frames(lambda i: chunks[0], 1) is chunks[0]
 
 
+def test_a_lossless_decode_installs_and_stays_exact(models):
+    """Lossless installs too (its exact shortcuts live in the installed classes); gate closed."""
+    from fast_vae_decode.fastpath.install import install_report
+    from fast_vae_decode.fastpath.quality import decode_at_quality
+
+    stock = models["wan21"][0]
+    fresh = tiny_wan("wan21")
+    z = latent((1, 4, 2, 4, 6))
+    with torch.no_grad():
+        out, outcome = decode_at_quality(fresh, "lossless", lambda: fresh.decode(z).sample)
+        assert torch.equal(out, stock.decode(z).sample)
+    assert outcome.path == "lossless" and install_report(fresh).installed
+
+
 def _high_and_stock(models, kind, shape):
     """(open-gate decode, stock decode, the open gate's stats) of one latent."""
     stock, model, _ = models[kind]

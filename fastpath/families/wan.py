@@ -19,6 +19,7 @@ from ..install import Family, InstallReport, register_family
 from ..recognize import is_a, is_wan_vae_model
 from ..swap import swap_in
 from ..wan_decode import install_decode_loop
+from ..wan_exact import ExactRMSNorm, exact_norm_reason
 from ..wan_modules import (
     FusedRMSNorm,
     FusedWanAttention,
@@ -197,7 +198,11 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
         elif is_a(m, *ATTENTIONS):
             _swap(report, path, m, FusedWanAttention, attention_reason(m), gate)
         elif id(m) in heads:
-            _swap(report, path, m, FusedRMSNorm, rms_norm_static_reason(m), gate)
+            _swap(report, path, m, FusedRMSNorm, rms_norm_static_reason(m), gate,
+                  _fvd_exact=exact_norm_reason(m) is None)
+        elif is_a(m, *RMS_NORMS) and exact_norm_reason(m) is None:
+            # Not fused (its block or attention fuses it), but its stock path gets cheaper.
+            swap_in(m, ExactRMSNorm, _fvd_exact=True)
 
 
 register_family(Family("wan", matches, install))
