@@ -151,7 +151,7 @@ def bias_residual_add_(
     res_arg = out if residual is None else residual
     # Absent addends get ``out`` as a placeholder pointer; N_ADDENDS keeps it unread.
     a0, a1 = (tuple(addends) + (out, out))[:2]
-    grid = (triton.cdiv(rows, block_p),)
+    grid = (-(-rows // block_p),)  # host arithmetic (triton.cdiv is slow from Python)
     with _on_device(out.device):
         launch(_bias_residual_add_kernel, grid,
             out, a0, a1, bias_arg, res_arg, rows,

@@ -116,6 +116,7 @@ def _sm_count(device: torch.device) -> int:
     return 4  # interpreter: a few programs, so tests exercise the split statistics
 
 
+@functools.lru_cache(maxsize=512)
 def group_norm_silu_config(
     n: int, c: int, hw: int, num_groups: int, sm_count: int
 ) -> GroupNormSiLUConfig:
@@ -198,6 +199,38 @@ def group_norm_silu_unsupported(
     return None
 
 
+class _LaunchPlan(NamedTuple):
+    splits: int  # stats programs per sample (each at least one pixel: no empty partial)
+    pix_per_program: int
+    apply_programs: int
+    apply_tiles_per_program: int
+    block_g: int
+    block_cpg: int
+    parts: int  # workspace floats per partial array, rounded up for 16-byte alignment
+    chans: int  # workspace floats per scale/shift array, likewise
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)  # host arithmetic: triton.cdiv costs microseconds per call from Python
+
+
+@functools.lru_cache(maxsize=512)
+def _launch_plan(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLUConfig) -> _LaunchPlan:
+    """Grid sizes and workspace layout for one problem; memoized (a decode repeats a few shapes
+    many times, and the host time per launch is what a launch-bound decode waits on)."""
+    for v in (config.stats_block_p, config.apply_block_p, config.finalize_block_s):
+        if v <= 0 or v & (v - 1):
+            raise ValueError(f"block sizes must be powers of two: {config}")
+    chunks_per_program = _cdiv(_cdiv(hw, config.stats_block_p), max(1, config.stats_programs))
+    pix_per_program = chunks_per_program * config.stats_block_p
+    splits = _cdiv(hw, pix_per_program)
+    tiles_per_program = _cdiv(_cdiv(hw, config.apply_block_p), max(1, config.apply_programs))
+    apply_programs = _cdiv(hw, tiles_per_program * config.apply_block_p)
+    return _LaunchPlan(splits, pix_per_program, apply_programs, tiles_per_program,
+                       _pow2(num_groups), _pow2(c // num_groups),
+                       _cdiv(n * num_groups * splits, 4) * 4, _cdiv(n * c, 4) * 4)
+
+
 def group_norm_silu(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -220,25 +253,16 @@ def group_norm_silu(
     cpg = c // num_groups
     if config is None:
         config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device))
-    for v in (config.stats_block_p, config.apply_block_p, config.finalize_block_s):
-        if v <= 0 or v & (v - 1):
-            raise ValueError(f"block sizes must be powers of two: {config}")
-
-    block_g, block_cpg = _pow2(num_groups), _pow2(cpg)
-    chunks = triton.cdiv(hw, config.stats_block_p)
-    chunks_per_program = triton.cdiv(chunks, max(1, config.stats_programs))
-    pix_per_program = chunks_per_program * config.stats_block_p
-    # Every program gets at least one pixel, so no partial is empty.
-    splits = triton.cdiv(hw, pix_per_program)
-    apply_tiles = triton.cdiv(hw, config.apply_block_p)
-    apply_tiles_per_program = triton.cdiv(apply_tiles, max(1, config.apply_programs))
-    apply_pix_per_program = apply_tiles_per_program * config.apply_block_p
+    plan = _launch_plan(n, c, hw, num_groups, config)
+    splits, pix_per_program = plan.splits, plan.pix_per_program
+    apply_tiles_per_program = plan.apply_tiles_per_program
+    block_g, block_cpg = plan.block_g, plan.block_cpg
 
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits], then the
     # per-channel scale and shift [n, C]; each piece starts 16-byte aligned for vector loads.
-    parts, chans = -(-n * num_groups * splits // 4) * 4, -(-n * c // 4) * 4
+    parts, chans = plan.parts, plan.chans
     ws = torch.empty(2 * parts + 2 * chans, device=x.device, dtype=torch.float32)
     part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
     scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
@@ -261,7 +285,7 @@ def group_norm_silu(
             BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
             num_warps=config.finalize_warps,
         )
-        launch(_group_norm_apply_kernel, (triton.cdiv(hw, apply_pix_per_program), n),
+        launch(_group_norm_apply_kernel, (plan.apply_programs, n),
             x, out, scale, shift, hw, apply_tiles_per_program,
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=_pow2(c), SILU=bool(silu),
             num_warps=config.apply_warps,

@@ -19,6 +19,8 @@ added, is thus finished inside the norm's own memory pass rather than in passes 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -176,6 +178,7 @@ def rms_norm_silu_unsupported(
     return None
 
 
+@functools.lru_cache(maxsize=64)
 def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, int]:
     """(BLOCK_P, BLOCK_C, num_warps) for a launch; the one place to tune.
 
@@ -285,7 +288,7 @@ def rms_norm_silu(
     a0, a1 = (tuple(addends) + (x, x))[:2]
     in_bias_flat = x if in_bias is None else _flat(in_bias)
     block_p, block_c, num_warps = rms_norm_silu_config(channels, x.element_size())
-    grid = (triton.cdiv(pixels, block_p), batch)
+    grid = (-(-pixels // block_p), batch)  # host arithmetic (triton.cdiv is slow from Python)
     args = (
         x,
         a0,
