@@ -9,10 +9,10 @@ interior once and only the padding is zeroed. The conv is then the stock parent'
 on that tensor (ComfyUI's ``ops.Conv3d``, with its weight casting and patches, or
 ``nn.Conv3d``), so it computes what stock computes from an identical input: bit for bit.
 
-Only the common case is taken: a contiguous input and cache of the input's dtype, at most as
-many cached frames as the causal padding, no extra arguments. Anything else (a channels-last
-tensor from an open gate's fallback, a cache in another dtype that ``torch.cat`` would promote)
-runs the stock ``forward`` itself.
+Only the common case is taken: input and cache not channels-last, the cache in the input's
+dtype, at most as many cached frames as the causal padding, no extra arguments. Anything else
+(a channels-last tensor from an open gate's fallback, a cache in another dtype that
+``torch.cat`` would promote) runs the stock ``forward`` itself.
 """
 from __future__ import annotations
 
@@ -21,15 +21,23 @@ import torch
 from ..kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
 
 
+def _channels_innermost(t: torch.Tensor) -> bool:
+    """Channels-last(-3d)-like strides: ``torch.cat``/``F.pad`` would then keep that layout and
+    the conv would see another memory format than our contiguous buffer. Any other strides
+    (contiguous, or the frames-major order the upsample's rearrange leaves) give a contiguous
+    ``F.pad`` output, like the buffer: only values are copied from them."""
+    return t.shape[1] > 1 and t.stride(1) == 1
+
+
 def _padded_input(conv, x: torch.Tensor, cache_x: torch.Tensor | None) -> torch.Tensor | None:
     """``F.pad(torch.cat([cache_x, x], 2), padding)`` as stock forms it, or None if not common."""
     pad_w, pad_w2, pad_h, pad_h2, pad_t, pad_t2 = conv._padding
-    if (pad_w, pad_h, pad_t2) != (pad_w2, pad_h2, 0) or x.dim() != 5 or not x.is_contiguous():
+    if (pad_w, pad_h, pad_t2) != (pad_w2, pad_h2, 0) or x.dim() != 5 or _channels_innermost(x):
         return None
     n_prev = 0
     if cache_x is not None and pad_t > 0:
         if (not isinstance(cache_x, torch.Tensor) or cache_x.dtype != x.dtype
-                or cache_x.dim() != 5 or not cache_x.is_contiguous()
+                or cache_x.dim() != 5 or _channels_innermost(cache_x)
                 or cache_x.shape[:2] != x.shape[:2] or cache_x.shape[3:] != x.shape[3:]):
             return None
         n_prev = cache_x.shape[2]
@@ -67,11 +75,11 @@ class ExactCausalConv3d:
                 and cached.device != x.device):
             cached = cached.to(x.device)  # as stock does (ComfyUI may offload caches)
         buf = _padded_input(self, x, cached)
+        del cached  # never hold the old frames longer than stock does (it frees them early)
         if buf is None:
             return self._stock_forward(x, cache_x, cache_list, cache_idx)
         if cache_list is not None:
             cache_list[cache_idx] = None  # stock releases the slot: its frames are in buf now
-        del cached
         return super(stock, self).forward(buf)
 
     def _stock_forward(self, x, cache_x, cache_list, cache_idx, *args, **kwargs):

@@ -65,6 +65,21 @@ def test_exact_path_equals_stock_without_pad_or_cat(conv, cached, batch, pad_and
     assert got.shape == want.shape and got.is_contiguous() and torch.equal(got, want)
 
 
+def test_frames_major_inputs_take_the_exact_path(pad_and_cat_calls):
+    """After an upsample ComfyUI's rearrange leaves (B, C, T, H, W) in (B, T, C, H, W) memory
+    order, and its cache clone keeps that order: F.pad still returns a contiguous tensor, so
+    the one-buffer input (contiguous) is the same tensor and the path applies."""
+    stock, exact = _pair(4, 6, 3, 1)
+    x = torch.randn(1, 3, 4, 5, 7).permute(0, 2, 1, 3, 4)  # frames-major (B, C=4, T=3, H, W)
+    cache = x[:, :, -2:].clone()  # preserve_format keeps the frames-major strides
+    assert not x.is_contiguous() and not cache.is_contiguous()
+    with torch.no_grad():
+        want = stock(x, cache)
+        pad_and_cat_calls.clear()
+        got = exact(x, cache)
+    assert pad_and_cat_calls == [] and torch.equal(got, want)
+
+
 @pytest.mark.parametrize("why", ["channels_last_3d", "cache_dtype", "three_cached_frames"])
 def test_uncommon_inputs_take_the_stock_forward(why, pad_and_cat_calls):
     stock, exact = _pair(4, 6, 3, 1)
