@@ -79,7 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                        help="default: ComfyUI's VAE dtype; diffusers: bf16 on CUDA, fp32 on CPU")
     bench.add_argument("--repeats", type=int, default=None,
-                       help="timed decodes per path (default 5 for images, 3 for video)")
+                       help="timed decodes per path (default 11 for images, 3 for video)")
+    bench.add_argument("--burn-in", dest="burn_in", type=float, default=None, metavar="SECONDS",
+                       help="untimed stock decodes of the first case before any timing "
+                            "(default 3 s on CUDA, 0 on the CPU)")
     bench.add_argument("--warmup", type=int, default=1, help="untimed decodes before timing")
     bench.add_argument("--precisions", default="fp32,fp16,bf16",
                        help="Wan decode precisions to add as rows, comma-separated, or 'none'")
@@ -218,7 +221,7 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
         host_malloc = keep_freed_host_memory()
     options = BenchOptions(cases=cases, device=device, dtype=dtype,
                            comfyui=comfyui, comfyui_args=shlex.split(args.comfyui_args),
-                           repeats=args.repeats, warmup=args.warmup,
+                           repeats=args.repeats, warmup=args.warmup, burn_in_s=args.burn_in,
                            precisions=precisions, run_unsupported=args.run_unsupported,
                            seed=args.seed, json_path=args.json_path,
                            crops_dir=args.crops_dir, crops_npz=args.crops_npz,

@@ -103,7 +103,8 @@ ENV_KEYS = (("gpu", "GPU"), ("device", "device"), ("torch", "torch"), ("triton",
             ("triton_unavailable", "Triton unavailable because"), ("diffusers", "diffusers"),
             ("comfyui_version", "ComfyUI"), ("comfyui", "ComfyUI tree"),
             ("python", "Python"), ("seed", "seed"), ("warmup", "warm-up decodes"),
-            ("repeats", "timed decodes (None: 5 images / 3 video)"),
+            ("repeats", "timed decodes (None: 11 images / 3 video)"),
+            ("burn_in_s", "burn-in seconds (None: 3 on CUDA)"),
             ("host_malloc", "host allocator"))
 
 

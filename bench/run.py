@@ -12,6 +12,7 @@ import gc
 import math
 import platform
 import sys
+import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +34,11 @@ class BenchOptions:
     dtype: torch.dtype | None = None  # None: ComfyUI's VAE dtype (diffusers needs one)
     comfyui: str | None = None  # a ComfyUI tree; None = diffusers models
     comfyui_args: list[str] = field(default_factory=list)  # more ComfyUI command-line flags
-    repeats: int | None = None  # None: 5 for images, 3 for video
+    repeats: int | None = None  # None: 11 for images, 3 for video
+    # Untimed stock decodes of the first case, for this many seconds, before anything is timed
+    # (None: 3 s on CUDA, none on the CPU): the first seconds of a run on a lent GPU host were
+    # the unsteady ones (stock 94-113 ms there, 88-89 ms in every later case of the same run).
+    burn_in_s: float | None = None
     warmup: int = 1
     precisions: list[str] = field(default_factory=lambda: ["fp32", "fp16", "bf16"])
     run_unsupported: bool = False
@@ -51,9 +56,26 @@ def log(message: str) -> None:
 
 
 def repeats_for(case: Case, options: BenchOptions) -> int:
+    # 11 for images: the fast image path is host-bound enough that single decodes jump (a median
+    # of 5 moved by 2-4 ms between runs on one host); video decodes are long and steady.
     if options.repeats is not None:
         return options.repeats
-    return 3 if case.video else 5
+    return 3 if case.video else 11
+
+
+def burn_in(subject: Subject, options: BenchOptions) -> int:
+    """Untimed stock decodes for ``options.burn_in_s`` seconds (at least one); returns how many."""
+    seconds = options.burn_in_s
+    if seconds is None:
+        seconds = 3.0 if subject.device.type == "cuda" else 0.0
+    if seconds <= 0:
+        return 0
+    done, start = 0, time.perf_counter()
+    while done == 0 or time.perf_counter() - start < seconds:
+        subject.stock()
+        done += 1
+    log(f"burn-in: {done} untimed stock decodes in {time.perf_counter() - start:.1f} s")
+    return done
 
 
 def _mib(value: int | None) -> float | None:
@@ -181,7 +203,7 @@ def _fp32_reference(subject: Subject, row: CaseResult) -> torch.Tensor | None:
     return reference
 
 
-def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
+def run_case(case: Case, options: BenchOptions, nodes, first: bool = False) -> list[CaseResult]:
     backend = "comfyui" if nodes is not None else "diffusers"
     base = CaseResult(case.name, case.arch, list(case.latent_shape), backend)
     subject = None
@@ -195,6 +217,8 @@ def run_case(case: Case, options: BenchOptions, nodes) -> list[CaseResult]:
             base.skipped = reason
             log(f"{case.name}: skipped ({reason})")
             return rows
+        if first:
+            burn_in(subject, options)
         fp32_reference = _fp32_reference(subject, base)
         _guarded(measure_subject, base, case, subject, options, base, fp32_reference)
         if case.video and options.precisions and base.error is None:
@@ -218,6 +242,7 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
             "comfyui_args": options.comfyui_args,
             "comfyui_version": comfyui_version, "seed": options.seed,
             "warmup": options.warmup, "repeats": options.repeats,
+            "burn_in_s": options.burn_in_s,
             "argv": sys.argv[1:]}
     if torch.cuda.is_available():
         info["gpu"] = torch.cuda.get_device_name()
@@ -250,8 +275,8 @@ def run_bench(options: BenchOptions) -> list[CaseResult]:
         options.crop_store = CropStore(options.crops_dir, options.crops_npz, options.crop_size)
     results: list[CaseResult] = []
     with torch.inference_mode():
-        for case in options.cases:
-            results += run_case(case, options, nodes)
+        for i, case in enumerate(options.cases):
+            results += run_case(case, options, nodes, first=i == 0)
             # Rewritten after each case, so a cut-off run keeps its numbers and crops.
             if options.json_path:
                 write_json(options.json_path, env, results)

@@ -14,6 +14,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 from conftest import REPO
 
 from fast_vae_decode.bench.cli import main
@@ -127,3 +128,35 @@ def test_running_the_checkout_by_path_finds_the_package():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "tiny-wan22" in result.stdout
+
+
+def test_bench_burns_in_on_the_first_case_only(monkeypatch):
+    """``burn_in_s``: untimed stock decodes of the first case before anything is timed."""
+    from fast_vae_decode.bench import run as bench_run
+    from fast_vae_decode.bench.cases import select_cases
+
+    built = []
+    real_build = bench_run.build_subject
+
+    def counting_build(*args, **kwargs):
+        subject = real_build(*args, **kwargs)
+        calls = {"stock": 0}
+        stock = subject.stock
+
+        def counted():
+            calls["stock"] += 1
+            return stock()
+
+        subject.stock = counted
+        built.append(calls)
+        return subject
+
+    monkeypatch.setattr(bench_run, "build_subject", counting_build)
+    options = bench_run.BenchOptions(cases=select_cases("tiny-sdxl,tiny-flux"), device=torch.device("cpu"),
+                                     dtype=torch.float32, repeats=1, warmup=0, precisions=[],
+                                     burn_in_s=0.01)
+    results = bench_run.run_bench(options)
+    assert all(r.error is None for r in results)
+    # Each case times stock once, plus one stock decode after install; the first case also
+    # burned in (at least one untimed decode).
+    assert built[0]["stock"] > built[1]["stock"] >= 2
