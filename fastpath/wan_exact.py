@@ -68,7 +68,8 @@ class ExactCausalConv3d:
 
     def forward(self, x, cache_x=None, cache_list=None, cache_idx=None, *args, **kwargs):
         stock = type(self).__dict__.get("_fvd_stock_class")
-        if stock is None or args or kwargs or not isinstance(x, torch.Tensor):
+        if (stock is None or args or kwargs or not isinstance(x, torch.Tensor)
+                or torch.compiler.is_compiling()):  # a trace must see the stock graph
             return self._stock_forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
         cached = cache_list[cache_idx] if cache_list is not None else cache_x
         if (isinstance(cached, torch.Tensor) and self._padding[4] > 0
@@ -130,7 +131,8 @@ class ExactRMSNorm:
     _fvd_exact: bool = False  # set at install once exact_norm_reason(module) is None
 
     def forward(self, x, *args, **kwargs):
-        if self._fvd_exact and not args and not kwargs and isinstance(x, torch.Tensor):
+        if (self._fvd_exact and not args and not kwargs and isinstance(x, torch.Tensor)
+                and not torch.compiler.is_compiling()):  # a trace must see the stock graph
             y = rms_norm_exact(x, self.gamma, self.bias, float(self.scale))
             if y is not None:
                 return y

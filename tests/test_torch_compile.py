@@ -43,3 +43,28 @@ def test_compiled_installed_decoder_is_stock(monkeypatch, gate_open):
     assert torch.equal(_compiled_decode(model, z, "eager", gate_open), expected)
     assert torch.equal(_compiled_decode(model, z, "aot_eager", gate_open),
                        _compiled_decode(stock, z, "aot_eager"))
+
+
+def test_compiled_installed_wan_decoder_traces_the_stock_convs(monkeypatch):
+    """The lossless shortcuts (one-buffer causal conv input) step aside inside a trace too."""
+    from fast_vae_decode.fastpath import wan_exact
+    from wan_models import latent, tiny_wan
+
+    model, stock = tiny_wan("wan21"), tiny_wan("wan21")
+    assert install_fast_path(model).installed
+    z = latent((1, 4, 1, 4, 6))
+
+    def not_in_a_trace(*args, **kwargs):
+        raise AssertionError("an exact shortcut ran while torch.compile traced")
+
+    monkeypatch.setattr(wan_exact, "_padded_input", not_in_a_trace)
+    monkeypatch.setattr(wan_exact, "rms_norm_exact", not_in_a_trace)
+    torch._dynamo.reset()
+    compiled = torch.compile(model.decoder, backend="eager")
+    x = model.post_quant_conv(z)
+    with torch.no_grad(), gate_for(model).opened(False):
+        got = compiled(x[:, :, :1], feat_cache=[None] * 64, feat_idx=[0], first_chunk=True)
+    with torch.no_grad():
+        want = stock.decoder(stock.post_quant_conv(z)[:, :, :1], feat_cache=[None] * 64,
+                             feat_idx=[0], first_chunk=True)
+    assert torch.equal(got, want)
