@@ -11,7 +11,7 @@ import logging
 import torch
 
 from .log import log_once
-from .prewarm import warm_up
+from .prewarm import tiny_input, warm_up
 
 
 def weights_off_device(module: torch.nn.Module, device: torch.device) -> bool:
@@ -38,12 +38,24 @@ class FusedModule:
     def fast_forward(self, *args, **kwargs):
         raise NotImplementedError
 
-    # Kernel warm-up (``prewarm.py``): modules with the same key launch the same kernel variants.
-    def prewarm_key(self):
+    # Kernel warm-up (``prewarm.py``): a module that declares the channel count of its input
+    # runs its fast path once on a tiny input of rank ``_fvd_prewarm_rank``; modules with the
+    # same class and parameter shapes launch the same kernel variants, so one of them does.
+    _fvd_prewarm_rank = 4
+
+    def prewarm_channels(self) -> int | None:
         return None
+
+    def prewarm_key(self):
+        if self.prewarm_channels() is None:
+            return None
+        return type(self), tuple(tuple(p.shape) for p in self.parameters())
 
     def prewarm(self, device: torch.device, dtype: torch.dtype) -> None:
         """Run the fast path once on a tiny input so its Triton kernels get compiled."""
+        x = tiny_input(self.prewarm_channels(), self._fvd_prewarm_rank, device, dtype)
+        if self.fast_unsupported(x) is None:
+            self.fast_forward(x)
 
     def forward(self, *args, **kwargs):
         gate = self._fvd_gate

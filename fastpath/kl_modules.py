@@ -40,7 +40,6 @@ from .kl_ops import (
     weights_reason,
 )
 from .kl_settings import settings
-from .prewarm import run_fast_once, tiny_input
 
 # diffusers attention processors whose computation ``FusedAttention`` reproduces (single head,
 # no mask, SDPA's default scale 1/sqrt(C)).
@@ -79,12 +78,8 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         modules = (norm1, conv1, norm2, conv2) + ((shortcut,) if shortcut is not None else ())
         return weights_reason(modules, x)
 
-    def prewarm_key(self):
-        norm1, _, _, conv2, *_ = self._parts()
-        return type(self), norm1.num_channels, conv2.out_channels
-
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self._parts()[0].num_channels, 4, device, dtype))
+    def prewarm_channels(self):
+        return self._parts()[0].num_channels
 
     def fast_forward(self, x, temb=None, *args, **kwargs):
         norm1, conv1, norm2, conv2, shortcut, out_scale = self._parts()
@@ -154,11 +149,8 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
         norm, *_, modules, _ = self._parts()
         return weights_reason((norm,) + tuple(modules), x)
 
-    def prewarm_key(self):
-        return type(self), self._parts()[0].num_channels
-
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self._parts()[0].num_channels, 4, device, dtype))
+    def prewarm_channels(self):
+        return self._parts()[0].num_channels
 
     def fast_forward(self, x, *args, **kwargs):
         norm, q, k, v, o, _, out_scale = self._parts()
@@ -221,11 +213,8 @@ class _FusedUpsample(FusedModule, StockLayoutGuard):
             return reason
         return weights_reason((self._conv(),), x)
 
-    def prewarm_key(self):
-        return type(self), self._conv().in_channels
-
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self._conv().in_channels, 4, device, dtype))
+    def prewarm_channels(self):
+        return self._conv().in_channels
 
     def fast_forward(self, x, *args, **kwargs):
         conv = self._conv()

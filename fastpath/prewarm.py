@@ -17,7 +17,6 @@ without warm-up), and no frame cache or gate state is touched (``prewarm`` calls
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -27,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..kernels.backend import compile_launch, recording_launches, triton, variant_key
+from ..kernels.backend import compile_launch, on_device, recording_launches, triton, variant_key
 from .log import log_once
 
 MAX_WORKERS = 8
@@ -44,17 +43,6 @@ def tiny_input(channels: int, rank: int, device: torch.device, dtype: torch.dtyp
             memory_format=torch.channels_last_3d)
     return torch.randn(1, channels, 8, 8, device=device, dtype=dtype).contiguous(
         memory_format=torch.channels_last)
-
-
-def run_fast_once(module, x: torch.Tensor) -> None:
-    """``module.fast_forward(x)`` when the module would take ``x``; the output is dropped."""
-    if module.fast_unsupported(x) is None:
-        module.fast_forward(x)
-
-
-def _on(device: torch.device):
-    """The device as current for launches on this thread (Triton launches on the current one)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def arm(gate, model: torch.nn.Module) -> None:
@@ -101,13 +89,13 @@ def warm_up(gate, x: object) -> None:
     # 2. Compile every variant once, in parallel (ptxas, gcc and LLVM run outside the GIL).
     def compile_one(record) -> None:
         try:
-            with _on(device):
+            with on_device(device):
                 compile_launch(record)
         except Exception as exc:
             failures.append(f"{record[0]}: {type(exc).__name__}: {exc}".splitlines()[0])
 
     if device.type == "cuda":
-        with _on(device):  # set Triton's driver up on this thread before the workers race to
+        with on_device(device):  # set Triton's driver up on this thread before the workers race to
             triton.runtime.driver.active.get_current_device()
     workers = min(MAX_WORKERS, os.cpu_count() or 1, len(variants))
     if workers > 1:

@@ -22,10 +22,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..kernels.bias_residual_add import sum_biases
 from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from .cache import cached
 from .fused import FusedModule
-from .prewarm import run_fast_once, tiny_input
 from .wan_exact import ExactCausalConv3d, ExactRMSNorm
 from .wan_ops import (
     CL3D,
@@ -40,7 +40,6 @@ from .wan_ops import (
     next_cache,
     norm_reason,
     norm_silu,
-    sum_biases,
     tensor_reason,
     to_cl,
     to_cl3d,
@@ -83,12 +82,10 @@ class FusedWanResidualBlock(FusedModule):
             None if isinstance(shortcut, torch.nn.Identity) else conv_weights_reason(shortcut, x),
         )
 
-    def prewarm_key(self):
-        norm1, _, _, conv2, _ = self._parts()
-        return type(self), norm1.gamma.shape[0], conv2.out_channels
+    _fvd_prewarm_rank = 5
 
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self._parts()[0].gamma.shape[0], 5, device, dtype))
+    def prewarm_channels(self):
+        return self._parts()[0].gamma.shape[0]
 
     def fast_forward(self, x, feat_cache=None, feat_idx=None):
         norm1, conv1, norm2, conv2, shortcut = self._parts()
@@ -173,11 +170,10 @@ class FusedRMSNorm(FusedModule, ExactRMSNorm):
             return "input is not a 4-D or 5-D tensor"
         return first_reason(tensor_reason(x, x.dim()), norm_reason(self, x))
 
-    def prewarm_key(self):
-        return type(self), self.gamma.shape[0]
+    _fvd_prewarm_rank = 5
 
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self.gamma.shape[0], 5, device, dtype))
+    def prewarm_channels(self):
+        return self.gamma.shape[0]
 
     def fast_forward(self, x):
         return norm_silu(self, to_cl(x), silu=False)
@@ -204,11 +200,10 @@ class FusedWanAttention(FusedModule):
         return first_reason(norm_reason(self.norm, x), conv_weights_reason(self.to_qkv, x),
                             conv_weights_reason(self.proj, x))
 
-    def prewarm_key(self):
-        return type(self), self.norm.gamma.shape[0]
+    _fvd_prewarm_rank = 5
 
-    def prewarm(self, device, dtype):
-        run_fast_once(self, tiny_input(self.norm.gamma.shape[0], 5, device, dtype))
+    def prewarm_channels(self):
+        return self.norm.gamma.shape[0]
 
     def fast_forward(self, x):
         b, c, t, h, w = x.shape

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ..kernels.backend import triton_unavailable_reason
-from ..kernels.bias_residual_add import bias_residual_add_, sum_biases  # noqa: F401 (re-export)
+from ..kernels.bias_residual_add import bias_residual_add_
 from ..kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
 from .cache import cached
 from .comfy_ops import comfy_cast_reason
@@ -257,8 +257,7 @@ def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None) -> tuple[torc
     pad_t = conv._padding[4]
     if pad_t == 0:
         return x, x, 0
-    uses_prev = prev is not None
-    n_prev = prev.shape[2] if uses_prev else 0
+    n_prev = prev.shape[2] if prev is not None else 0
     zeros = pad_t - n_prev
     if zeros < 0:
         raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pad_t}")
@@ -300,4 +299,4 @@ def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | N
             cache = to_cl3d(torch.cat([prev[:, :, -1:].to(x.device), x], dim=2))
         else:
             cache = x[:, :, -CACHE_T:].clone(memory_format=CL3D)
-    return sum_parts(conv_parts(conv, inp), conv.bias), cache
+    return add_parts(conv_parts(conv, inp), conv.bias), cache

@@ -42,6 +42,14 @@ def triton_unavailable_reason(x: torch.Tensor | None = None) -> str | None:
     return f"{x.device.type} tensor"
 
 
+def on_device(device: torch.device):
+    """``device`` as the current CUDA device around launches (Triton launches on the current
+    one, and a tensor may live on another GPU); a no-op when it already is, or off CUDA."""
+    if device.type == "cuda" and device.index is not None and device.index != torch.cuda.current_device():
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 # --- launches, or compile-only recording (first-decode warm-up) --------------------------------
 
 _RECORDING = threading.local()

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from .backend import launch, tl, triton, triton_unavailable_reason
+from .backend import launch, on_device, tl, triton, triton_unavailable_reason
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TILE_ELEMENTS = 4096
@@ -152,7 +152,7 @@ def bias_residual_add_(
     # Absent addends get ``out`` as a placeholder pointer; N_ADDENDS keeps it unread.
     a0, a1 = (tuple(addends) + (out, out))[:2]
     grid = (-(-rows // block_p),)  # host arithmetic (triton.cdiv is slow from Python)
-    with _on_device(out.device):
+    with on_device(out.device):
         launch(_bias_residual_add_kernel, grid,
             out, a0, a1, bias_arg, res_arg, rows,
             C=c, BLOCK_P=block_p, BLOCK_C=block_c, N_ADDENDS=len(addends),
@@ -160,24 +160,6 @@ def bias_residual_add_(
             num_warps=NUM_WARPS,
         )
     return out
-
-
-class _on_device:
-    """Makes out's GPU the current one for the launch (Triton launches on the current device)."""
-
-    def __init__(self, device: torch.device):
-        self._ctx = None
-        if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
-            self._ctx = torch.cuda.device(device)
-
-    def __enter__(self):
-        if self._ctx is not None:
-            self._ctx.__enter__()
-
-    def __exit__(self, *exc):
-        if self._ctx is not None:
-            return self._ctx.__exit__(*exc)
-        return False
 
 
 if triton is not None:

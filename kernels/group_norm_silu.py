@@ -28,14 +28,13 @@ tile stay int32.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-from .backend import launch, tl, triton, triton_unavailable_reason
+from .backend import launch, on_device, tl, triton, triton_unavailable_reason
 
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -268,7 +267,7 @@ def group_norm_silu(
     scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
     out = torch.empty_like(x, memory_format=torch.channels_last)
 
-    with _on_device(x.device):
+    with on_device(x.device):
         launch(_group_norm_stats_kernel, (splits, n),
             x, part_mean, part_m2, hw, pix_per_program, splits,
             C=c, G=num_groups, CPG=cpg,
@@ -291,13 +290,6 @@ def group_norm_silu(
             num_warps=config.apply_warps,
         )
     return out
-
-
-def _on_device(device: torch.device):
-    """x's GPU as the current one for the launches (Triton launches on the current device)."""
-    if device.type == "cuda" and device.index != torch.cuda.current_device():
-        return torch.cuda.device(device)
-    return contextlib.nullcontext()
 
 
 # Sizes and loop counts are plain runtime ints (``do_not_specialize``): left to Triton's default,

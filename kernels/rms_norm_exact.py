@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import interpreting, launch, tl, triton, triton_unavailable_reason
+from .backend import interpreting, launch, on_device, tl, triton, triton_unavailable_reason
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 BLOCK_S = 1024
@@ -84,20 +84,11 @@ def rms_norm_exact(x: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | No
     b = bias.to(x).reshape(-1).contiguous() if bias is not None else g
     out = torch.empty_like(x)
     grid = (-(-spatial // BLOCK_S), -(-c // BLOCK_C), n)  # host arithmetic: triton.cdiv is slow
-    ctx = torch.cuda.device(x.device) if x.is_cuda else _null()
-    with ctx:
+    with on_device(x.device):
         launch(_rms_norm_exact_kernel, grid, x, denom, g, b, out, spatial, c, float(scale),
                HAS_BIAS=bias is not None, BLOCK_S=BLOCK_S, BLOCK_C=BLOCK_C,
                num_warps=NUM_WARPS, enable_fp_fusion=False)
     return out
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 if triton is not None:

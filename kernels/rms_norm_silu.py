@@ -24,7 +24,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .backend import launch, tl, triton, triton_unavailable_reason
+from .backend import launch, on_device, tl, triton, triton_unavailable_reason
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
 MAX_CHANNELS = 8192
@@ -313,9 +313,6 @@ def rms_norm_silu(
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
     }
-    if x.is_cuda:  # Triton launches on the current device; x may live on another GPU
-        with torch.cuda.device(x.device):
-            launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)
-    else:
+    with on_device(x.device):
         launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)
     return out
