@@ -17,9 +17,11 @@ is not finite is done again in bf16 (said once in the log) rather than returning
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import sys
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -54,7 +56,27 @@ _NOT_FINITE_FP16 = ("fp16 overflowed in the Wan decoder (non-finite output); thi
                     "decoded again in bf16 -- choose bf16 for this VAE to skip the double work")
 
 
-def assemble_frames(step: Callable[[int], torch.Tensor], frames: int) -> torch.Tensor:
+FramesReady = Callable[[torch.Tensor, int, int], None]
+
+# Who wants each chunk of final frames as soon as it is in the output (``frames_to``).
+_FRAMES_READY: contextvars.ContextVar[FramesReady | None] = contextvars.ContextVar(
+    "fast_vae_decode_frames_ready", default=None)
+
+
+@contextlib.contextmanager
+def frames_to(frames_ready: FramesReady) -> Iterator[None]:
+    """Within this block, a ComfyUI Wan 2.1 decode loop calls ``frames_ready(out, start, stop)``
+    after frames ``start:stop`` of its output ``out`` are final (the node streams them to host
+    memory while the next chunk decodes). Only a hint: the caller checks what came back."""
+    token = _FRAMES_READY.set(frames_ready)
+    try:
+        yield
+    finally:
+        _FRAMES_READY.reset(token)
+
+
+def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
+                    frames_ready: FramesReady | None = None) -> torch.Tensor:
     """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame.
 
     ``step(i)`` must be called in order (it advances the decoder's frame cache). The output is
@@ -83,6 +105,8 @@ def assemble_frames(step: Callable[[int], torch.Tensor], frames: int) -> torch.T
                 and chunk.shape[3:] == out.shape[3:])
         if fits:
             out[:, :, pos:pos + n].copy_(chunk)
+            if frames_ready is not None:
+                frames_ready(out, pos, pos + n)
             pos += n
         else:
             extra.append(chunk)
@@ -188,7 +212,8 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
         extra = {"first_chunk": True} if wan22 and i == 0 else {}
         return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
 
-    out = assemble_frames(step, z.shape[2])
+    # Wan 2.2 rearranges the whole output afterwards (unpatchify): its frames are final only then.
+    out = assemble_frames(step, z.shape[2], None if wan22 else _FRAMES_READY.get())
     if wan22:
         out = module.unpatchify(out, patch_size=2)
     return out

@@ -5,6 +5,7 @@ from comfy_api.latest import io
 
 from ..fastpath.quality import DEFAULT_QUALITY, QUALITIES, decode_at_quality
 from .latent import latent_samples
+from .pixel_decode import decode_pixels
 from .unload_hook import ensure_unload_hook
 
 CATEGORY = "latent/fast vae"
@@ -46,7 +47,7 @@ class FastVAEDecode(io.ComfyNode):
     @classmethod
     def execute(cls, samples, vae, quality=DEFAULT_QUALITY) -> io.NodeOutput:
         latent = latent_samples(samples, vae)
-        return decode_node_output(vae, quality, lambda: vae.decode(latent))
+        return decode_node_output(vae, quality, lambda: decode_pixels(vae, latent))
 
 
 def decode_node_output(vae, quality: str, decode) -> io.NodeOutput:

@@ -1,0 +1,97 @@
+"""``VAE.decode`` for the families this pack knows, with the pixel finish done on the GPU.
+
+The same steps as ComfyUI's non-tiled ``VAE.decode`` (model load with the same memory estimate,
+the same batch split, the same ``first_stage_model.decode`` and ``process_output``), except that
+``process_output`` runs on the VAE's device and the finished pixels are copied to host memory
+once (``fastpath.pixel_finish``); a Wan 2.1 decode streams its frames there while it runs.
+The result is ``torch.equal`` to ``vae.decode``'s, laid out as ``VAEDecode`` returns it. Anything else, and any out-of-memory, goes to ``vae.decode`` itself,
+which keeps ComfyUI's own tiled retry.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..fastpath.install import find_family
+from ..fastpath.log import log_once
+from ..fastpath.pixel_finish import FrameStream, finish_pixels
+from ..fastpath.wan_decode import frames_to
+
+_VAE_ATTRS = ("first_stage_model", "patcher", "device", "output_device", "vae_dtype",
+              "process_output", "memory_used_decode")
+
+
+def device_finish_reason(vae: object, latent: torch.Tensor) -> str | None:
+    """Why ``decode_pixels`` hands ``latent`` to ``vae.decode`` unchanged (None: it does not)."""
+    missing = [a for a in _VAE_ATTRS if not hasattr(vae, a)]
+    if missing:
+        return f"not a comfy.sd.VAE (no {', '.join(missing)})"
+    if find_family(vae.first_stage_model) is None:
+        return f"unsupported VAE ({type(vae.first_stage_model).__name__})"
+    if torch.device(vae.device).type != "cuda" or torch.device(vae.output_device).type != "cpu":
+        return "the VAE's outputs stay on its device (nothing to copy)"
+    if getattr(vae, "latent_dim", latent.ndim - 2) != latent.ndim - 2:
+        return f"a {latent.ndim}-D latent for a {vae.latent_dim}-D VAE (ComfyUI adapts it)"
+    if getattr(vae, "extra_1d_channel", None) is not None:
+        return "a VAE with an extra 1-D channel"
+    return None
+
+
+def decode_pixels(vae, latent: torch.Tensor) -> torch.Tensor:
+    """``vae.decode(latent)``'s values: (B, *spatial, C) fp32 pixels in host memory."""
+    reason = device_finish_reason(vae, latent)
+    if reason is not None:
+        log_once(f"pixel_decode:{reason}", f"pixels finished by ComfyUI's VAE.decode: {reason}",
+                 logging.DEBUG)
+        return vae.decode(latent)
+    pixels = _decode_with_device_finish(vae, latent)
+    if pixels is None:
+        # Out of memory: ComfyUI's own decode retries with its tiled decoder. Outside the except
+        # block, so the failed attempt's tensors are already freed.
+        log_once("pixel_decode:oom", "out of GPU memory; decoding with ComfyUI's VAE.decode "
+                 "(it retries tiled)")
+        return vae.decode(latent)
+    log_once("pixel_decode:device", "decoded pixels are finished on the GPU and copied to host "
+             "memory once")
+    return pixels
+
+
+def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None:
+    import comfy.model_management as mm
+
+    check = getattr(vae, "throw_exception_if_invalid", None)
+    if check is not None:
+        check()
+    memory_used = vae.memory_used_decode(latent.shape, vae.vae_dtype)
+    mm.load_models_gpu([vae.patcher], memory_required=memory_used,
+                       force_full_load=getattr(vae, "disable_offload", False))
+    per_pass = max(1, int(mm.get_free_memory(vae.device) / memory_used))
+    count = latent.shape[0]
+    pixels = None
+    try:
+        for start in range(0, count, per_pass):
+            z = latent[start:start + per_pass].to(vae.vae_dtype).to(vae.device)
+
+            def dest_for(out: torch.Tensor, start=start, items=z.shape[0]) -> torch.Tensor:
+                nonlocal pixels
+                shape = (count,) + tuple(out.shape[2:]) + (out.shape[1],)
+                if pixels is None or start == 0 and tuple(pixels.shape) != shape:
+                    pixels = torch.empty(shape, dtype=torch.float32, device=vae.output_device)
+                return pixels[start:start + items]
+
+            # A Wan 2.1 decode hands over each chunk of frames as it is done; anything else
+            # (or a stream cut short) is finished from the returned output.
+            stream = FrameStream(vae.process_output, dest_for)
+            try:
+                with frames_to(stream.frames_ready):
+                    out = vae.first_stage_model.decode(z)
+                streamed = stream.complete(out)
+            finally:
+                stream.close()
+            if not streamed:
+                finish_pixels(out, vae.process_output, dest_for(out))
+            del out, z
+    except mm.OOM_EXCEPTION:
+        return None
+    return pixels
