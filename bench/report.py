@@ -130,9 +130,10 @@ def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
             "decode-precision row's high time against stock with the VAE as loaded. PSNR is high "
             f"against lossless on [0, 1] images; the bar is {PSNR_BAR_DB:.0f} dB. `PSNR vs fp32`: "
             "stock and high each against a decode by an fp32 copy of the same weights; on these "
-            "random weights bf16 rounding alone keeps stock below 50 dB from fp32, so no other "
-            "bf16 evaluation order can be 50 dB from stock, and high being at least as close to "
-            "fp32 as stock is the accuracy evidence. Peak extra "
+            "random weights bf16 rounding alone keeps stock below 50 dB from fp32, so a bf16 "
+            "path that computes the convolutions in another order (channels-last, folded "
+            "upsampling) cannot be 50 dB from stock, and high being at least as close to fp32 "
+            "as stock is the accuracy evidence. Peak extra "
             "memory is what a decode allocates on top of weights and inputs (CUDA only). "
             "First-decode overhead = first high decode - median high decode.", "",
             results_table(results), ""]
