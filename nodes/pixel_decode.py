@@ -27,6 +27,9 @@ def device_finish_reason(vae: object, latent: torch.Tensor) -> str | None:
     missing = [a for a in _VAE_ATTRS if not hasattr(vae, a)]
     if missing:
         return f"not a comfy.sd.VAE (no {', '.join(missing)})"
+    patched = _patched_decode(vae)
+    if patched is not None:
+        return f"VAE.decode is replaced ({patched}); it runs as given"
     if find_family(vae.first_stage_model) is None:
         return f"unsupported VAE ({type(vae.first_stage_model).__name__})"
     if torch.device(vae.device).type != "cuda" or torch.device(vae.output_device).type != "cpu":
@@ -35,6 +38,23 @@ def device_finish_reason(vae: object, latent: torch.Tensor) -> str | None:
         return f"a {latent.ndim}-D latent for a {vae.latent_dim}-D VAE (ComfyUI adapts it)"
     if getattr(vae, "extra_1d_channel", None) is not None:
         return "a VAE with an extra 1-D channel"
+    return None
+
+
+def _patched_decode(vae: object) -> str | None:
+    """Where ``vae.decode`` comes from, if not ComfyUI's own ``comfy.sd.VAE.decode``.
+
+    Another extension may wrap or replace it (on the class or the object) to change what a
+    decode does; this loop would silently skip that, so such a VAE keeps its own decode.
+    """
+    if "decode" in vars(vae):
+        return "on the object"
+    method = getattr(type(vae), "decode", None)
+    code = getattr(method, "__code__", None)
+    if code is None or getattr(method, "__module__", None) != "comfy.sd" \
+            or getattr(method, "__qualname__", None) != "VAE.decode":
+        where = getattr(method, "__module__", None) or type(method).__name__
+        return f"by {where}"
     return None
 
 

@@ -200,6 +200,38 @@ def test_what_the_device_finish_declines(pack, vaes):
 
 @requires_comfyui
 @pytest.mark.comfyui
+@pytest.mark.usefixtures("no_interpreter")
+def test_a_decode_another_extension_replaced_keeps_running(pack, vaes, monkeypatch):
+    """Another pack wrapping ``VAE.decode`` (on the class or one object) changes what a decode
+    does; the node must call it, not go around it."""
+    import comfy.sd
+
+    module = pack_module("nodes.pixel_decode")
+    gpu_like = copy.copy(vaes["sdxl"])
+    gpu_like.device = torch.device("cuda", 0)
+    z = _latent((1, 4, 8, 8))
+    assert module.device_finish_reason(gpu_like, z) is None
+    stock_decode = comfy.sd.VAE.decode
+    calls = []
+
+    def wrapped(self, *args, **kwargs):
+        calls.append(1)
+        return stock_decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(comfy.sd.VAE, "decode", wrapped)
+    assert "VAE.decode is replaced (by " in module.device_finish_reason(gpu_like, z)
+    monkeypatch.setattr(comfy.sd.VAE, "decode", stock_decode)
+    gpu_like.decode = lambda samples: wrapped(gpu_like, samples)
+    assert "on the object" in module.device_finish_reason(gpu_like, z)
+    cpu_vae = vaes["sdxl"]
+    monkeypatch.setattr(comfy.sd.VAE, "decode", wrapped)
+    with torch.inference_mode():
+        pack["FastVAEDecode"].execute(samples={"samples": z}, vae=cpu_vae, quality="lossless")
+    assert calls  # the node went through the wrapper
+
+
+@requires_comfyui
+@pytest.mark.comfyui
 @pytest.mark.cuda
 @pytest.mark.parametrize("arch,shape", CASES)
 @pytest.mark.parametrize("quality", ["lossless", "high"])
