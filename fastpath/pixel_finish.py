@@ -89,6 +89,21 @@ def _check_dest(dest: torch.Tensor) -> None:
         raise ValueError("dest must be a contiguous float32 tensor")
 
 
+def _finished(src: torch.Tensor, finish: Finish) -> torch.Tensor:
+    """One slice (C, *s) finished in fp32 and moved to (*s, C)."""
+    return finish(src.float()).movedim(0, -1)
+
+
+def _finish_directly(pieces, finish: Finish) -> None:
+    for src, target in pieces:
+        target.copy_(_finished(src, finish))
+
+
+def _ring_for(out: torch.Tensor, dest: torch.Tensor) -> "_Staging | None":
+    """The staging ring for a GPU -> host copy; None where copies go directly."""
+    return _staging(out.device, STAGE_BYTES // 4) if out.is_cuda and not dest.is_cuda else None
+
+
 class _Copier:
     """Finished slices from the GPU into host ``target``s through the staging ring.
 
@@ -112,7 +127,7 @@ class _Copier:
         with torch.cuda.stream(stream):
             if after is not None:
                 stream.wait_event(after)
-            done = finish(src.float()).movedim(0, -1).contiguous().view(-1)
+            done = _finished(src, finish).contiguous().view(-1)
             buffer = self.staging.buffers[slot]
             if done.numel() > buffer.numel():  # a lone pixel row over the limit
                 target.view(-1).copy_(done)
@@ -144,10 +159,9 @@ def finish_pixels(out: torch.Tensor, finish: Finish, dest: torch.Tensor) -> None
     (B, *spatial, C) tensor in host memory. ``finish`` must be elementwise (it sees slices).
     """
     _check_dest(dest)
-    staging = _staging(out.device, STAGE_BYTES // 4) if out.is_cuda and not dest.is_cuda else None
+    staging = _ring_for(out, dest)
     if staging is None:
-        for src, target in _pieces(out, dest):
-            target.copy_(finish(src.float()).movedim(0, -1))
+        _finish_directly(_pieces(out, dest), finish)
         return
     with staging.lock, torch.cuda.device(out.device):
         copier = _Copier(staging)
@@ -196,8 +210,7 @@ class FrameStream:
         self.covered = stop
         pieces = _pieces(out[:, :, start:stop], self.dest[:, start:stop])
         if self._copier is None:
-            for src, target in pieces:
-                target.copy_(self.finish(src.float()).movedim(0, -1))
+            _finish_directly(pieces, self.finish)
             return
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(out.device))
@@ -205,7 +218,7 @@ class FrameStream:
             self._copier.put(src, target, self.finish, after=ready)
 
     def _open(self, out: torch.Tensor) -> None:
-        staging = _staging(out.device, STAGE_BYTES // 4) if out.is_cuda and not self.dest.is_cuda else None
+        staging = _ring_for(out, self.dest)
         # Not waiting for the ring: another decode (another thread) holding it means this one
         # finishes its frames after the decode instead.
         if staging is None or not staging.lock.acquire(blocking=False):

@@ -4,8 +4,9 @@ The same steps as ComfyUI's non-tiled ``VAE.decode`` (model load with the same m
 the same batch split, the same ``first_stage_model.decode`` and ``process_output``), except that
 ``process_output`` runs on the VAE's device and the finished pixels are copied to host memory
 once (``fastpath.pixel_finish``); a Wan 2.1 decode streams its frames there while it runs.
-The result is ``torch.equal`` to ``vae.decode``'s, laid out as ``VAEDecode`` returns it. Anything else, and any out-of-memory, goes to ``vae.decode`` itself,
-which keeps ComfyUI's own tiled retry.
+The result is ``torch.equal`` to ``vae.decode``'s, laid out as ``VAEDecode`` returns it.
+Anything else, and any out-of-memory, goes to ``vae.decode`` itself, which keeps ComfyUI's own
+tiled retry.
 """
 from __future__ import annotations
 
@@ -50,11 +51,9 @@ def _patched_decode(vae: object) -> str | None:
     if "decode" in vars(vae):
         return "on the object"
     method = getattr(type(vae), "decode", None)
-    code = getattr(method, "__code__", None)
-    if code is None or getattr(method, "__module__", None) != "comfy.sd" \
-            or getattr(method, "__qualname__", None) != "VAE.decode":
-        where = getattr(method, "__module__", None) or type(method).__name__
-        return f"by {where}"
+    module = getattr(method, "__module__", None)
+    if module != "comfy.sd" or getattr(method, "__qualname__", None) != "VAE.decode":
+        return f"by {module or type(method).__name__}"
     return None
 
 
