@@ -10,7 +10,7 @@ import logging
 
 import torch
 
-from .log import log_once
+from .log import log_once, say
 from .prewarm import tiny_input, warm_up
 
 
@@ -80,10 +80,10 @@ class FusedModule:
             self._fvd_disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
             gate.stats.fell_back(f"kernel error in {type(self).__name__}")
             gate.stats.kernel_errors.append(type(self).__name__)
-            log_once(f"broken:{id(self)}",
-                     f"{type(self).__name__}: fast path raised ({self._fvd_disabled}); "
-                     "disabled for this module for the session, using the stock path",
-                     logging.WARNING)
+            # Said here, unkeyed: a module is disabled once, and an id() key would silence a
+            # later module that reuses a freed one's address.
+            say(f"{type(self).__name__}: fast path raised ({self._fvd_disabled}); "
+                "disabled for this module for the session, using the stock path", logging.WARNING)
             return super().forward(*args, **kwargs)
         gate.stats.fused_calls += 1
         return out

@@ -16,5 +16,10 @@ def log_once(key: str, message: str, level: int = logging.INFO) -> bool:
         if key in _SAID:
             return False
         _SAID.add(key)
-    logger.log(level, "[Fast VAE Decode] %s", message)
+    say(message, level)
     return True
+
+
+def say(message: str, level: int = logging.INFO) -> None:
+    """Log ``message`` now, for events that by their nature happen once (no key to remember)."""
+    logger.log(level, "[Fast VAE Decode] %s", message)

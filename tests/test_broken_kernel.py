@@ -129,3 +129,18 @@ def test_a_kernel_error_inside_a_lossless_decode_cannot_happen(vae, monkeypatch)
     calls = _break_group_norm_silu(monkeypatch)
     out, outcome = _decode(vae, "lossless", z)
     assert torch.equal(out, expected) and outcome.text() == "lossless" and not calls
+
+
+def test_a_module_at_a_freed_modules_address_still_says_it_broke(vae, monkeypatch, caplog):
+    """Python reuses a freed object's id(); what a module that once lived at this address said
+    must not silence this one (the warning used to be keyed by id)."""
+    from fast_vae_decode.fastpath import log
+
+    z = _latent()
+    block = vae.decoder.up_blocks[1].resnets[1]
+    monkeypatch.setattr(log, "_SAID", set(log._SAID) | {f"broken:{id(block)}"})
+    _break_group_norm_silu(monkeypatch, only_weight=block.norm1.weight)
+    caplog.set_level(logging.INFO, logger="fast_vae_decode")
+    _decode(vae, "high", z)
+    assert block._fvd_disabled
+    assert len(_warnings(caplog)) == 1
