@@ -165,7 +165,7 @@ def _demo(args) -> int:
 
 def _apply_kl_setting(item: str) -> None:
     """Set one KL fast-path setting from NAME=VALUE, typed like the field's default."""
-    from ..fastpath.kl_settings import settings
+    from ..fastpath.families.kl.settings import settings
 
     name, sep, text = item.partition("=")
     if not sep or not hasattr(settings, name):

@@ -155,7 +155,7 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
 
 def _precision_rows(case: Case, subject: Subject, options: BenchOptions,
                     base: CaseResult, fp32_reference) -> list[CaseResult]:
-    from ..fastpath.precision import with_decoder_precision
+    from ..fastpath.families.wan.precision import with_decoder_precision
 
     rows = []
     for precision in options.precisions:

@@ -7,6 +7,7 @@ open and the module can take the input; otherwise it runs the stock ``forward`` 
 from __future__ import annotations
 
 import logging
+import weakref
 
 import torch
 
@@ -87,3 +88,9 @@ class FusedModule:
             return super().forward(*args, **kwargs)
         gate.stats.fused_calls += 1
         return out
+
+
+def arm_prewarm(gate, model: torch.nn.Module) -> None:
+    """Remember ``model``'s fused modules on its gate; the first fused call warms them up."""
+    modules = [m for m in model.modules() if isinstance(m, FusedModule)]
+    gate.prewarm_modules = weakref.WeakSet(modules) if modules else None

@@ -9,86 +9,24 @@ from __future__ import annotations
 
 import threading
 import weakref
-from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
-from .gate import Gate, gate_for
+from . import families as _builtin_families  # noqa: F401  (each family registers on import)
+from .contract import Family, InstallReport, register_family, registered_families, unregister_family
+from .fused import arm_prewarm
+from .gate import gate_for
 from .log import log_once
-from .prewarm import arm
 
+__all__ = ["Family", "InstallReport", "register_family", "unregister_family", "families",
+           "find_family", "install_fast_path", "install_report"]
 
-@dataclass
-class InstallReport:
-    """What an install did: which family, how many fused modules, what was left stock and why."""
-
-    family: str | None = None
-    fused: int = 0
-    skipped: dict[str, str] = field(default_factory=dict)  # module path -> reason
-    reason: str | None = None  # why nothing at all was installed
-
-    @property
-    def installed(self) -> bool:
-        return self.fused > 0
-
-    def summary(self) -> str:
-        if not self.installed:
-            return f"not installed: {self.reason or 'no module could be fused'}"
-        text = f"{self.family}: {self.fused} fused modules"
-        if self.skipped:
-            text += f", {len(self.skipped)} left stock ({_most_common(self.skipped.values())})"
-        return text
-
-
-def _most_common(reasons) -> str:
-    counts: dict[str, int] = {}
-    for r in reasons:
-        counts[r] = counts.get(r, 0) + 1
-    return max(counts, key=counts.get)
-
-
-@dataclass(frozen=True)
-class Family:
-    """A VAE family: ``matches(model)`` recognises it, ``install(model, gate, report)`` swaps."""
-
-    name: str
-    matches: Callable[[torch.nn.Module], bool]
-    install: Callable[[torch.nn.Module, Gate, InstallReport], None]
-
-
-_FAMILIES: list[Family] = []
 _REPORTS: "weakref.WeakKeyDictionary[torch.nn.Module, InstallReport]" = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()
 
 
-def register_family(family: Family) -> None:
-    """Add a family (first match wins); re-registering a name replaces it."""
-    with _LOCK:
-        _FAMILIES[:] = [f for f in _FAMILIES if f.name != family.name]
-        _FAMILIES.append(family)
-
-
-def unregister_family(name: str) -> None:
-    with _LOCK:
-        _FAMILIES[:] = [f for f in _FAMILIES if f.name != name]
-
-
 def families() -> list[Family]:
-    _load_builtin_families()
-    return list(_FAMILIES)
-
-
-_BUILTINS_LOADED = False
-
-
-def _load_builtin_families() -> None:
-    """Import the built-in family modules once; each registers itself on import."""
-    global _BUILTINS_LOADED
-    if _BUILTINS_LOADED:
-        return
-    _BUILTINS_LOADED = True
-    from . import families as _builtin  # noqa: F401  (registration side effect)
+    return registered_families()
 
 
 def find_family(model: torch.nn.Module) -> Family | None:
@@ -120,7 +58,7 @@ def install_fast_path(model: torch.nn.Module) -> InstallReport:
             if report.fused == 0 and report.reason is None:
                 report.reason = "no module could be fused"
             if report.fused:
-                arm(gate_for(model), model)
+                arm_prewarm(gate_for(model), model)
         _REPORTS[model] = report
         log_once(f"install:{id(model)}", f"{type(model).__name__}: {report.summary()}")
         return report

@@ -21,7 +21,6 @@ import logging
 import os
 import threading
 import time
-import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -43,14 +42,6 @@ def tiny_input(channels: int, rank: int, device: torch.device, dtype: torch.dtyp
             memory_format=torch.channels_last_3d)
     return torch.randn(1, channels, 8, 8, device=device, dtype=dtype).contiguous(
         memory_format=torch.channels_last)
-
-
-def arm(gate, model: torch.nn.Module) -> None:
-    """Remember ``model``'s fused modules on its gate; the first fused call warms them up."""
-    from .fused import FusedModule
-
-    modules = [m for m in model.modules() if isinstance(m, FusedModule)]
-    gate.prewarm_modules = weakref.WeakSet(modules) if modules else None
 
 
 def _jobs(modules) -> list:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
+from ..fastpath.pixels.decode import decode_pixels
 from ..fastpath.quality import DEFAULT_QUALITY, QUALITIES, decode_at_quality
 from .latent import latent_samples
-from .pixel_decode import decode_pixels
 from .unload_hook import ensure_unload_hook
 
 CATEGORY = "latent/fast vae"

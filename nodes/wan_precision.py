@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from comfy_api.latest import io
 
-from ..fastpath.precision import PRECISIONS, with_decoder_precision
+from ..fastpath.families.wan.precision import PRECISIONS, with_decoder_precision
 from .fast_vae_decode import CATEGORY
 
 

@@ -13,7 +13,9 @@ import logging
 import pytest
 import torch
 
-from fast_vae_decode.fastpath import kl_modules, kl_ops, quality
+from fast_vae_decode.fastpath import quality
+from fast_vae_decode.fastpath.families.kl import modules as kl_modules
+from fast_vae_decode.fastpath.families.kl import ops as kl_ops
 from fast_vae_decode.fastpath.gate import gate_for
 
 pytest.importorskip("diffusers")

@@ -16,10 +16,12 @@ import math
 import pytest
 import torch
 
-from fast_vae_decode.fastpath import cache, install, kl_ops, kl_settings
-from fast_vae_decode.fastpath.families import kl
+from fast_vae_decode.fastpath import cache, install
+from fast_vae_decode.fastpath.families.kl import install as kl
+from fast_vae_decode.fastpath.families.kl import ops as kl_ops
+from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+from fast_vae_decode.fastpath.families.kl.ops import FusedGroupNormSiLU
 from fast_vae_decode.fastpath.gate import gate_for
-from fast_vae_decode.fastpath.kl_ops import FusedGroupNormSiLU
 from fast_vae_decode.kernels import group_norm_silu as group_norm_silu_module
 from fast_vae_decode.kernels.group_norm_silu import group_norm_silu_unsupported
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from comfy_env import comfy_nodes, pack_module, requires_comfyui
-from fast_vae_decode.fastpath import pixel_finish
+from fast_vae_decode.fastpath.pixels import finish as pixel_finish
 
 
 def _comfy_finish(image):
@@ -118,7 +118,7 @@ def _frames(images):
 
 def _record_streams(monkeypatch) -> list[bool]:
     """What each ``FrameStream.complete`` of the loaded pack answered, in order."""
-    cls = pack_module("fastpath.pixel_finish").FrameStream
+    cls = pack_module("fastpath.pixels.finish").FrameStream
     answers, complete = [], cls.complete
 
     def recording(self, result):
@@ -138,10 +138,10 @@ def test_device_finish_loop_equals_vae_decode(pack, vaes, monkeypatch, arch, sha
     item per pass and two frames or rows per piece."""
     import comfy.model_management as mm
 
-    module = pack_module("nodes.pixel_decode")
+    module = pack_module("fastpath.pixels.decode")
     vae, z = vaes[arch], _latent(shape)
     pack_module("fastpath.install").install_fast_path(vae.first_stage_model)  # as the node does
-    monkeypatch.setattr(pack_module("fastpath.pixel_finish"), "STAGE_BYTES", 3 * 2 * 48 * 4)
+    monkeypatch.setattr(pack_module("fastpath.pixels.finish"), "STAGE_BYTES", 3 * 2 * 48 * 4)
     # Room for one batch item per pass, for both (a batch of 2 in one conv may round differently).
     one_item = vae.memory_used_decode(z.shape, vae.vae_dtype)
     monkeypatch.setattr(mm, "get_free_memory", lambda *a, **k: one_item)
@@ -161,7 +161,7 @@ def test_device_finish_loop_equals_vae_decode(pack, vaes, monkeypatch, arch, sha
 def test_out_of_memory_hands_the_decode_to_comfyui(pack, vaes, monkeypatch):
     import comfy.model_management as mm
 
-    module = pack_module("nodes.pixel_decode")
+    module = pack_module("fastpath.pixels.decode")
     vae, z = vaes["sdxl"], _latent(CASES[0][1])
     model = vae.first_stage_model
     calls = []
@@ -185,7 +185,7 @@ def test_out_of_memory_hands_the_decode_to_comfyui(pack, vaes, monkeypatch):
 @pytest.mark.comfyui
 @pytest.mark.usefixtures("no_interpreter")
 def test_what_the_device_finish_declines(pack, vaes):
-    module = pack_module("nodes.pixel_decode")
+    module = pack_module("fastpath.pixels.decode")
     vae = vaes["sdxl"]
     image_latent = _latent((1, 4, 8, 8))
     assert "stay on its device" in module.device_finish_reason(vae, image_latent)  # CPU VAE
@@ -206,7 +206,7 @@ def test_a_decode_another_extension_replaced_keeps_running(pack, vaes, monkeypat
     does; the node must call it, not go around it."""
     import comfy.sd
 
-    module = pack_module("nodes.pixel_decode")
+    module = pack_module("fastpath.pixels.decode")
     gpu_like = copy.copy(vaes["sdxl"])
     gpu_like.device = torch.device("cuda", 0)
     z = _latent((1, 4, 8, 8))
@@ -243,10 +243,10 @@ def test_node_on_the_gpu_equals_vae_decode(pack, monkeypatch, arch, shape, quali
     comfy_nodes()
     vae = comfy_vae(arch, seed=0, tiny=True, device="cuda")
     z = _latent(shape)
-    module = pack_module("nodes.pixel_decode")
+    module = pack_module("fastpath.pixels.decode")
     assert module.device_finish_reason(vae, z) is None
     # Small pieces, so the staging buffers alternate within one decode.
-    monkeypatch.setattr(pack_module("fastpath.pixel_finish"), "STAGE_BYTES", 3 * 2 * 48 * 4)
+    monkeypatch.setattr(pack_module("fastpath.pixels.finish"), "STAGE_BYTES", 3 * 2 * 48 * 4)
     streams = _record_streams(monkeypatch)
     with torch.inference_mode():
         expected = _stock(vae, z)
@@ -315,7 +315,7 @@ def test_frame_stream_reports_incomplete_streams(case):
 
 
 def test_wan_loop_hands_over_each_chunk_once_it_is_final():
-    from fast_vae_decode.fastpath.wan_decode import assemble_frames
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
 
     chunks = [torch.full((1, 2, 1 if i == 0 else 4, 3, 3), float(i)) for i in range(4)]
     seen = []
@@ -330,7 +330,7 @@ def test_wan_loop_hands_over_each_chunk_once_it_is_final():
 
 
 def test_wan_loop_stops_handing_over_when_it_falls_back_to_concatenating():
-    from fast_vae_decode.fastpath.wan_decode import assemble_frames
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
 
     # The third chunk is larger than planned: from there the loop concatenates, and returns a
     # new tensor, so a stream cannot claim to be complete.

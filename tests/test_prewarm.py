@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from fast_vae_decode.fastpath import prewarm
+from fast_vae_decode.fastpath.families.kl.modules import _FusedResnet
+from fast_vae_decode.fastpath.families.wan.modules import FusedWanResidualBlock
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
-from fast_vae_decode.fastpath.kl_modules import _FusedResnet
-from fast_vae_decode.fastpath.wan_modules import FusedWanResidualBlock
 
 diffusers = pytest.importorskip("diffusers")
 from test_kl_family import _decode, _latent, tiny_vae  # noqa: E402

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fast_vae_decode.fastpath.families.wan.exact import ExactRMSNorm, exact_norm_reason
 from fast_vae_decode.fastpath.swap import swap_in
-from fast_vae_decode.fastpath.wan_exact import ExactRMSNorm, exact_norm_reason
 from fast_vae_decode.kernels.rms_norm_exact import (
     rms_norm_exact,
     rms_norm_exact_reference,
@@ -100,7 +100,7 @@ def test_install_check_accepts_the_formula_and_refuses_other_roundings():
 
 
 def test_swapped_norm_takes_the_kernel_and_stays_exact(monkeypatch):
-    from fast_vae_decode.fastpath import wan_exact
+    from fast_vae_decode.fastpath.families.wan import exact as wan_exact
 
     norm = ComfyFormulaNorm(12)
     stock = ComfyFormulaNorm(12)

@@ -13,8 +13,8 @@ import torch
 diffusers = pytest.importorskip("diffusers")
 from diffusers.models.autoencoders import autoencoder_kl_wan  # noqa: E402
 
+from fast_vae_decode.fastpath.families.wan.exact import ExactCausalConv3d  # noqa: E402
 from fast_vae_decode.fastpath.swap import swap_in  # noqa: E402
-from fast_vae_decode.fastpath.wan_exact import ExactCausalConv3d  # noqa: E402
 
 # (in, out, kernel, padding): the decoder's 3x3x3 conv, the (3, 1, 1) time conv of a temporal
 # upsample (no spatial border), and a 1x1x1 shortcut (no padding at all).

@@ -9,18 +9,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fast_vae_decode.fastpath import wan_modules
-from fast_vae_decode.fastpath.gate import gate_for
-from fast_vae_decode.fastpath.install import install_fast_path
-from fast_vae_decode.fastpath.swap import is_swapped
-from fast_vae_decode.fastpath.wan_decode import assemble_frames
-from fast_vae_decode.fastpath.wan_modules import (
+from fast_vae_decode.fastpath.families.wan import modules as wan_modules
+from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
+from fast_vae_decode.fastpath.families.wan.modules import (
     FusedRMSNorm,
     FusedWanAttention,
     FusedWanCausalConv3d,
     FusedWanResample,
     FusedWanResidualBlock,
 )
+from fast_vae_decode.fastpath.gate import gate_for
+from fast_vae_decode.fastpath.install import install_fast_path
+from fast_vae_decode.fastpath.swap import is_swapped
 from wan_models import latent, psnr, tiny_wan
 
 # (model kind, latent shape)
@@ -77,7 +77,7 @@ def test_state_dict_unchanged_and_install_idempotent():
     report = install_fast_path(model)
     classes = [type(m) for m in model.modules()]
     assert install_fast_path(model) is report  # installs once per model
-    from fast_vae_decode.fastpath.families.wan import install
+    from fast_vae_decode.fastpath.families.wan.install import install
 
     again = type(report)()
     install(model, gate_for(model), again)  # a second install swaps nothing more: it finds
@@ -161,7 +161,7 @@ def test_high_close_to_lossless(models, kind, shape):
 def test_high_with_per_tap_convs_close_to_lossless(models, kind, shape, monkeypatch):
     """The GPU's narrow-conv form on the CPU: every batch-1 3x3x3 conv as three per-tap parts,
     which norm2 and the residual add sum together with the conv biases (the kernels' addends)."""
-    from fast_vae_decode.fastpath import wan_ops
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
 
     taken = []
 
@@ -217,7 +217,7 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
 
 def test_conv3d_as_2d_taps_equals_conv3d():
     """The per-temporal-tap form used for narrow convs on the GPU, checked here on the CPU."""
-    from fast_vae_decode.fastpath.wan_ops import CL3D, sum_parts, tap_parts
+    from fast_vae_decode.fastpath.families.wan.ops import CL3D, sum_parts, tap_parts
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv3d(6, 5, 3)

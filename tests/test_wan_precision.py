@@ -11,9 +11,9 @@ import logging
 import pytest
 import torch
 
+from fast_vae_decode.fastpath.families.wan.precision import PRECISIONS, with_decoder_precision
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
-from fast_vae_decode.fastpath.precision import PRECISIONS, with_decoder_precision
 from fast_vae_decode.fastpath.swap import is_swapped
 from wan_models import latent, psnr, tiny_wan
 

@@ -15,19 +15,19 @@ from __future__ import annotations
 
 import torch
 
-from ..install import Family, InstallReport, register_family
-from ..recognize import is_a, is_wan_vae_model
-from ..swap import swap_in
-from ..wan_decode import install_decode_loop
-from ..wan_exact import ExactRMSNorm, exact_norm_reason
-from ..wan_modules import (
+from ...contract import Family, InstallReport, register_family
+from ...recognize import is_a, is_wan_vae_model
+from ...swap import swap_in
+from .decode import install_decode_loop
+from .exact import ExactRMSNorm, exact_norm_reason
+from .modules import (
     FusedRMSNorm,
     FusedWanAttention,
     FusedWanCausalConv3d,
     FusedWanResample,
     FusedWanResidualBlock,
 )
-from ..wan_ops import causal_conv_static_reason, first_reason, rms_norm_static_reason
+from .ops import causal_conv_static_reason, first_reason, rms_norm_static_reason
 
 _V21 = "comfy.ldm.wan.vae"
 _V22 = "comfy.ldm.wan.vae2_2"

@@ -14,10 +14,10 @@ import logging
 
 import torch
 
-from ..fastpath.install import find_family
-from ..fastpath.log import log_once
-from ..fastpath.pixel_finish import FrameStream, finish_pixels
-from ..fastpath.wan_decode import frames_to
+from ..install import find_family
+from ..log import log_once
+from .finish import FrameStream, finish_pixels
+from .frames import frames_to
 
 _VAE_ATTRS = ("first_stage_model", "patcher", "device", "output_device", "vae_dtype",
               "process_output", "memory_used_decode")

@@ -15,16 +15,16 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from ..kernels.backend import triton_unavailable_reason
-from ..kernels.bias_residual_add import bias_residual_add_
-from ..kernels.group_norm_silu import (
+from ....kernels.backend import triton_unavailable_reason
+from ....kernels.bias_residual_add import bias_residual_add_
+from ....kernels.group_norm_silu import (
     MAX_BLOCK_C,
     MAX_GROUP_MASK,
     group_norm_silu,
     group_norm_silu_unsupported,
 )
-from .comfy_ops import comfy_cast_reason
-from .fused import FusedModule
+from ...comfyui.weights import comfy_cast_reason
+from ...fused import FusedModule
 
 CHANNELS_LAST = torch.channels_last
 FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)

@@ -14,23 +14,23 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.bias_residual_add import sum_biases
-from ..kernels.upsample_conv_fold import (
+from ....kernels.bias_residual_add import sum_biases
+from ....kernels.upsample_conv_fold import (
     fold_upsample_conv_weight,
     fold_upsample_conv_weight_subpixel,
     upsample_conv_folded,
     upsample_conv_subpixel,
 )
-from ..kernels.vae_attention import (
+from ....kernels.vae_attention import (
     attention_chunked,
     attention_sdpa,
     fold_attention_weights,
     from_tokens,
     to_tokens,
 )
-from .cache import cached
-from .fused import FusedModule
-from .kl_ops import (
+from ...cache import cached
+from ...fused import FusedModule
+from .ops import (
     StockLayoutGuard,
     add_bias_residual_,
     conv2d,
@@ -39,7 +39,7 @@ from .kl_ops import (
     to_channels_last,
     weights_reason,
 )
-from .kl_settings import settings
+from .settings import settings
 
 # diffusers attention processors whose computation ``FusedAttention`` reproduces (single head,
 # no mask, SDPA's default scale 1/sqrt(C)).

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
+from ....kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
 
 
 def _channels_innermost(t: torch.Tensor) -> bool:

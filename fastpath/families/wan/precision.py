@@ -24,10 +24,10 @@ import copy
 
 import torch
 
-from .gate import decoder_models
-from .module_clone import clone_module, tensor_copier
-from .recognize import is_wan_vae_model
-from .wan_decode import decoder_side, install_decode_loop
+from ...gate import decoder_models
+from ...module_clone import clone_module, tensor_copier
+from ...recognize import is_wan_vae_model
+from .decode import decoder_side, install_decode_loop
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

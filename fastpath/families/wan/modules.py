@@ -22,12 +22,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.bias_residual_add import sum_biases
-from ..kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
-from .cache import cached
-from .fused import FusedModule
-from .wan_exact import ExactCausalConv3d, ExactRMSNorm
-from .wan_ops import (
+from ....kernels.bias_residual_add import sum_biases
+from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
+from ...cache import cached
+from ...fused import FusedModule
+from .exact import ExactCausalConv3d, ExactRMSNorm
+from .ops import (
     CL3D,
     add_parts,
     cache_entry_reason,

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from .fused import FusedModule
-from .kl_ops import (
+from ...fused import FusedModule
+from ...prewarm import tiny_input
+from .ops import (
     CHANNELS_LAST,
     StockLayoutGuard,
     add_bias_residual_,
@@ -25,8 +26,7 @@ from .kl_ops import (
     to_channels_last,
     weights_reason,
 )
-from .kl_settings import cudnn_benchmark_for, settings
-from .prewarm import tiny_input
+from .settings import cudnn_benchmark_for, settings
 
 
 def run_child(module: torch.nn.Module, h: torch.Tensor, *args) -> torch.Tensor:

@@ -16,11 +16,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels.backend import triton_unavailable_reason
-from ..kernels.bias_residual_add import bias_residual_add_
-from ..kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
-from .cache import cached
-from .comfy_ops import comfy_cast_reason
+from ....kernels.backend import triton_unavailable_reason
+from ....kernels.bias_residual_add import bias_residual_add_
+from ....kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
+from ...cache import cached
+from ...comfyui.weights import comfy_cast_reason
 
 CL3D = torch.channels_last_3d
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)

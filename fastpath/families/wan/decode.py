@@ -17,18 +17,17 @@ is not finite is done again in bf16 (said once in the log) rather than returning
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import logging
 import sys
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
-from .log import log_once
-from .module_clone import clone_module, tensor_copier
-from .recognize import class_names
-from .swap import swap_in
+from ...log import log_once
+from ...module_clone import clone_module, tensor_copier
+from ...pixels.frames import FramesReady, frames_ready_hook
+from ...recognize import class_names
+from ...swap import swap_in
 
 COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
 COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
@@ -54,25 +53,6 @@ KNOWN_LOOPS = {
 
 _NOT_FINITE_FP16 = ("fp16 overflowed in the Wan decoder (non-finite output); this latent was "
                     "decoded again in bf16 -- choose bf16 for this VAE to skip the double work")
-
-
-FramesReady = Callable[[torch.Tensor, int, int], None]
-
-# Who wants each chunk of final frames as soon as it is in the output (``frames_to``).
-_FRAMES_READY: contextvars.ContextVar[FramesReady | None] = contextvars.ContextVar(
-    "fast_vae_decode_frames_ready", default=None)
-
-
-@contextlib.contextmanager
-def frames_to(frames_ready: FramesReady) -> Iterator[None]:
-    """Within this block, a ComfyUI Wan 2.1 decode loop calls ``frames_ready(out, start, stop)``
-    after frames ``start:stop`` of its output ``out`` are final (the node streams them to host
-    memory while the next chunk decodes). Only a hint: the caller checks what came back."""
-    token = _FRAMES_READY.set(frames_ready)
-    try:
-        yield
-    finally:
-        _FRAMES_READY.reset(token)
 
 
 def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
@@ -213,7 +193,7 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
         return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
 
     # Wan 2.2 rearranges the whole output afterwards (unpatchify): its frames are final only then.
-    out = assemble_frames(step, z.shape[2], None if wan22 else _FRAMES_READY.get())
+    out = assemble_frames(step, z.shape[2], None if wan22 else frames_ready_hook())
     if wan22:
         out = module.unpatchify(out, patch_size=2)
     return out

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import torch
 
-from ..install import Family, InstallReport, register_family
-from ..kl_decoder import FusedComfyDecoder, FusedDiffusersDecoder
-from ..kl_modules import (
+from ...contract import Family, InstallReport, register_family
+from ...recognize import is_a
+from ...swap import swap_in
+from .decoder import FusedComfyDecoder, FusedDiffusersDecoder
+from .modules import (
     DIFFUSERS_ATTENTION_PROCESSORS,
     FusedComfyAttnBlock,
     FusedComfyResnetBlock,
@@ -30,9 +32,7 @@ from ..kl_modules import (
     FusedDiffusersResnetBlock2D,
     FusedDiffusersUpsample2D,
 )
-from ..kl_ops import FusedGroupNormSiLU, conv_static_reason, group_norm_static_reason
-from ..recognize import is_a
-from ..swap import swap_in
+from .ops import FusedGroupNormSiLU, conv_static_reason, group_norm_static_reason
 
 _COMFY_MODEL = "comfy.ldm.modules.diffusionmodules.model"
 COMFY_MODELS = (
