@@ -1,4 +1,4 @@
-"""The benchmark cases: a VAE architecture and the latent it decodes (batch 1).
+"""The benchmark cases: a VAE architecture and the latent it decodes.
 
 Full-size cases are the ones TARGETS.md measures; ``tiny-*`` cases are the same structures at
 small widths and sizes, for CPU tests of the command line (never in the default selection).
@@ -31,9 +31,12 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("flux-1024", "flux", (1, 16, 128, 128), "Flux VAE, 1024x1024"),
     Case("sdxl-2048", "sdxl", (1, 4, 256, 256), "SDXL VAE, 2048x2048"),
     Case("sd15-512", "sd15", (1, 4, 64, 64), "SD1.5 VAE, 512x512"),
+    Case("sd15-768x512-b4", "sd15", (4, 4, 96, 64), "SD1.5 VAE, 768x512, batch 4"),
     Case("wan21-480p-33", "wan21", (1, 16, 9, 60, 104), "Wan 2.1 VAE, 480x832, 33 frames"),
     Case("wan21-480p-81", "wan21", (1, 16, 21, 60, 104), "Wan 2.1 VAE, 480x832, 81 frames"),
     Case("wan22-704p-33", "wan22", (1, 48, 9, 44, 80), "Wan 2.2 VAE, 704x1280, 33 frames"),
+    # Qwen-Image decodes its images with the Wan 2.1 VAE, one latent frame each.
+    Case("qwen-1024", "wan21", (1, 16, 1, 128, 128), "Qwen-Image (Wan 2.1 VAE), 1024x1024, one frame"),
     # Small structures for CPU tests: two latent frames exercise the Wan feature cache.
     Case("tiny-sdxl", "tiny_sdxl", (1, 4, 8, 8)),
     Case("tiny-flux", "tiny_flux", (1, 16, 8, 8)),

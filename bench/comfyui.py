@@ -6,6 +6,7 @@ without ComfyUI.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import pathlib
 import sys
@@ -29,13 +30,16 @@ def comfyui_path(explicit: str | None = None) -> pathlib.Path | None:
 
 def setup_comfyui(path: pathlib.Path,
                   extra_args: list[str] | tuple[str, ...] = ()) -> types.ModuleType:
-    """Import ComfyUI from ``path`` in-process and return its ``nodes`` module.
+    """Import ComfyUI from ``path`` in-process, initialised as its ``main.py`` does; returns
+    its ``nodes`` module.
 
-    ComfyUI parses its command line when ``comfy.cli_args`` is first imported, so ``sys.argv`` is
-    swapped for that import only (``--cpu`` without CUDA, else ComfyUI would ask for a GPU;
-    ``extra_args`` are more of ComfyUI's flags, e.g. ``--bf16-vae``). The
-    tree goes first on ``sys.path``: this repository also has a ``nodes`` package, and a
-    top-level ``import nodes`` must find ComfyUI's ``nodes.py``.
+    ``main.py`` is imported as a module (its server starts only under ``__main__``) with
+    ``sys.argv`` swapped for that import: it parses the flags and sets up what a user's ComfyUI
+    has, e.g. in newer trees dynamic VRAM (``comfy_aimdo`` initialised and
+    ``CoreModelPatcher = ModelPatcherDynamic``), which is what the benchmark must measure.
+    ``--cpu`` is added without CUDA; ``extra_args`` are more of ComfyUI's flags (e.g.
+    ``--disable-dynamic-vram``). The tree goes first on ``sys.path``: this repository also has a
+    ``nodes`` package, and a top-level ``import nodes`` must find ComfyUI's ``nodes.py``.
     """
     already = sys.modules.get("comfy")
     if already is not None:  # ``comfy`` is a namespace package: no __file__, only __path__
@@ -44,25 +48,34 @@ def setup_comfyui(path: pathlib.Path,
             raise RuntimeError(f"ComfyUI is already imported from {sorted(map(str, loaded))}, "
                                f"not {path}")
     entry = str(path)
-    shadow = sys.modules.get("nodes")  # e.g. this repository's nodes/ imported as top level
-    if shadow is not None and pathlib.Path(getattr(shadow, "__file__", None) or "/").parent != path:
-        del sys.modules["nodes"]
+    for name in ("nodes", "main", "utils"):  # this repository's or another tree's modules
+        shadow = sys.modules.get(name)
+        if shadow is not None and not str(getattr(shadow, "__file__", None) or "/").startswith(entry):
+            del sys.modules[name]
     if entry in sys.path:
         sys.path.remove(entry)
     sys.path.insert(0, entry)
     saved_argv = sys.argv
     sys.argv = ["main.py"] + ([] if torch.cuda.is_available() else ["--cpu"]) + list(extra_args)
     try:
-        import comfy.options
-
-        comfy.options.enable_args_parsing()
-        import comfy.model_management  # noqa: F401  (parses the arguments above)
+        importlib.import_module("main")
         import comfy.sd  # noqa: F401
 
         import nodes
     finally:
         sys.argv = saved_argv
     return nodes
+
+
+def memory_mode() -> str:
+    """How the imported ComfyUI loads models: "dynamic VRAM" or its legacy patcher's mode."""
+    import comfy.model_management as mm
+    import comfy.model_patcher as mp
+
+    dynamic = getattr(mp, "ModelPatcherDynamic", None)
+    if dynamic is not None and getattr(mp, "CoreModelPatcher", None) is dynamic:
+        return "dynamic VRAM"
+    return f"legacy ({getattr(mm.vram_state, 'name', mm.vram_state)})"
 
 
 def comfyui_version(path: pathlib.Path) -> str:

@@ -102,6 +102,7 @@ def results_table(results: list[CaseResult]) -> str:
 ENV_KEYS = (("gpu", "GPU"), ("device", "device"), ("torch", "torch"), ("triton", "Triton"),
             ("triton_unavailable", "Triton unavailable because"), ("diffusers", "diffusers"),
             ("comfyui_version", "ComfyUI"), ("comfyui", "ComfyUI tree"),
+            ("comfyui_memory_mode", "ComfyUI memory mode"), ("commit", "pack commit"),
             ("python", "Python"), ("seed", "seed"), ("warmup", "warm-up decodes"),
             ("repeats", "timed decodes (None: 11 images / 3 video)"),
             ("burn_in_s", "burn-in seconds (None: 3 on CUDA)"),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import pathlib
 import platform
 import sys
 import time
@@ -255,7 +256,27 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
 
     info["triton_unavailable"] = triton_unavailable_reason()
     info["host_malloc"] = options.host_malloc
+    info["commit"] = _commit()
+    if options.comfyui is not None:
+        from .comfyui import memory_mode
+
+        info["comfyui_memory_mode"] = memory_mode()
     return info
+
+
+def _commit() -> str | None:
+    """The pack's git commit (with "+dirty" for uncommitted changes), if it is a checkout."""
+    import subprocess
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def run_bench(options: BenchOptions) -> list[CaseResult]:
@@ -268,7 +289,7 @@ def run_bench(options: BenchOptions) -> list[CaseResult]:
         nodes, version = setup_comfyui(path, options.comfyui_args), comfyui_version(path)
     env = environment(options, version)
     log(f"torch {env['torch']}, triton {env['triton']}, diffusers {env['diffusers']}, "
-        f"ComfyUI {version or 'not used'}, device {env.get('gpu', env['device'])}")
+        f"ComfyUI {version or 'not used'} ({env.get('comfyui_memory_mode', '-')}), device {env.get('gpu', env['device'])}")
     if options.crops_dir or options.crops_npz:
         from .crops import CropStore
 

@@ -60,8 +60,13 @@ def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subjec
         return out[0], dict(out.ui["fast_vae_decode"][0])
 
     def fp32() -> torch.Tensor:
-        # A private fp32 copy (before any install), decoded as comfy.sd.VAE.decode does it.
-        model = copy.deepcopy(vae.first_stage_model).to(device=vae.device, dtype=torch.float32)
+        # A private fp32 copy (stock classes, none of ComfyUI's loader state: under dynamic
+        # VRAM a deep copy would drag the source's VRAM area and pinned buffers along), decoded
+        # as comfy.sd.VAE.decode does it.
+        from ..fastpath.module_clone import clone_module, tensor_copier
+
+        model = clone_module(vae.first_stage_model,
+                             tensor_copier(vae.device, lambda path: torch.float32))
         z = latent.to(device=vae.device, dtype=torch.float32)
         images = vae.process_output(model.decode(z).float()).to(vae.output_device).movedim(1, -1)
         return images.reshape(-1, *images.shape[-3:]) if images.ndim == 5 else images

@@ -52,8 +52,18 @@ def _hook_state_dict_loads(module: torch.nn.Module) -> None:
 
 
 def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[], object],
-           extra_key: tuple = ()) -> object:
-    """``build()`` once per (source tensors, extra_key); later calls return the cached value."""
+           extra_key: tuple = (), keep: bool = True) -> object:
+    """``build()`` once per (source tensors, extra_key); later calls return the cached value.
+
+    ``keep=False`` (sources that are per-call copies, see ``comfyui.weights.is_stable``) builds
+    the value for this call only and drops any kept one: a fold of a copy that dies with the
+    call would never be hit again and would only hold memory.
+    """
+    if not keep:
+        store = module.__dict__.get(_ATTR)
+        if store is not None:
+            store.pop(name, None)
+        return build()
     store = module.__dict__.get(_ATTR)
     if store is None:
         _hook_state_dict_loads(module)

@@ -11,6 +11,7 @@ import weakref
 
 import torch
 
+from .comfyui.weights import weights_for_call
 from .log import log_once, say
 from .prewarm import tiny_input, warm_up
 
@@ -55,8 +56,9 @@ class FusedModule:
     def prewarm(self, device: torch.device, dtype: torch.dtype) -> None:
         """Run the fast path once on a tiny input so its Triton kernels get compiled."""
         x = tiny_input(self.prewarm_channels(), self._fvd_prewarm_rank, device, dtype)
-        if self.fast_unsupported(x) is None:
-            self.fast_forward(x)
+        with weights_for_call():
+            if self.fast_unsupported(x) is None:
+                self.fast_forward(x)
 
     def forward(self, *args, **kwargs):
         gate = self._fvd_gate
@@ -65,20 +67,29 @@ class FusedModule:
         if self._fvd_disabled is not None:
             gate.stats.fell_back(DISABLED)
             return super().forward(*args, **kwargs)
-        reason = self.fast_unsupported(*args, **kwargs)
+        # The weights a fused call reads are fetched (by its checks) the way ComfyUI's ops
+        # fetch them, and given back when the call ends, before any stock fallback fetches
+        # them again its own way.
+        with weights_for_call():
+            reason = self.fast_unsupported(*args, **kwargs)
+            if reason is None:
+                if gate.prewarm_modules is not None:  # the model's first fused call
+                    warm_up(gate, args[0] if args else None)
+                try:
+                    out = self.fast_forward(*args, **kwargs)
+                except torch.OutOfMemoryError:
+                    raise  # ComfyUI's decode retries tiled on OOM; swallowing it would defeat that
+                except Exception as exc:  # a broken kernel must never lose the result
+                    out, failure = None, exc
+                else:
+                    failure = None
         if reason is not None:
             gate.stats.fell_back(reason)
             log_once(f"fallback:{type(self).__name__}:{reason}",
                      f"{type(self).__name__}: stock path ({reason})")
             return super().forward(*args, **kwargs)
-        if gate.prewarm_modules is not None:  # the model's first fused call: compile in parallel
-            warm_up(gate, args[0] if args else None)
-        try:
-            out = self.fast_forward(*args, **kwargs)
-        except torch.OutOfMemoryError:
-            raise  # ComfyUI's decode retries tiled on OOM; swallowing it would defeat that
-        except Exception as exc:  # a broken kernel must never lose the result
-            self._fvd_disabled = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+        if failure is not None:
+            self._fvd_disabled = f"{type(failure).__name__}: {failure}".splitlines()[0][:200]
             gate.stats.fell_back(f"kernel error in {type(self).__name__}")
             gate.stats.kernel_errors.append(type(self).__name__)
             # Said here, unkeyed: a module is disabled once, and an id() key would silence a

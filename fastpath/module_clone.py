@@ -28,6 +28,9 @@ PATCHER_ATTRS = frozenset({
     # comfy.pinned_memory) keeps per-module handles into the source model's VRAM area and
     # pinned host buffers; a copy sharing them would cast the source's bytes as its weights.
     "_v", "seed_key", "pin_failed", "weight_lowvram_function", "bias_lowvram_function",
+    # ... and on the model itself its VRAM areas, pinned host buffers and the patchers using
+    # them: a copy sharing these would allocate its slots in the source's area.
+    "dynamic_vbars", "dynamic_pins", "dynamic_patchers",
 })
 PATCHER_PREFIXES = ("_v_", "_pin")  # _v_signature, _v_weight, _v_bias, _pin, _pin_state, ...
 

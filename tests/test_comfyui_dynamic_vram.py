@@ -11,9 +11,11 @@ What ``comfy.model_patcher.ModelPatcherDynamic`` (2026; ``is_dynamic()`` is True
   ``_v``); ``module.weight`` itself stays on the offload device;
 - Parameters of other modules, and weights it force-loads, are replaced by new Parameter
   objects (``comfy.utils.set_attr_param``), and restored from backups on unload.
-So the installed classes survive (nothing to re-install on ``ON_LOAD``), every fused module
-must take the stock path (its weights are not what the call computes with), and a module fed
-new Parameter objects must read them live, refolding what it folded.
+So the installed classes survive (nothing to re-install on ``ON_LOAD``); a fused module must
+compute with what ``cast_bias_weight`` hands over for the call (never ``module.weight``), give
+it back with ``uncast_bias_weight``, keep folds only of resident slots (and refold when ComfyUI
+faults new tensors in), and leave a module whose weights are streamed per call to its stock
+forward.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE 
 # fp32 on the CPU, fast vs stock: a few ULPs compounded over the decoder's layers measure
 # ~2e-6 of the output range for this VAE; old (stale) weights would be off by O(1).
 REL_TOL = 1e-4
-CAST = "weights streamed per call (ComfyUI dynamic VRAM)"
 
 
 @pytest.fixture(autouse=True)
@@ -68,71 +69,136 @@ def _swapped(model):
     return {name: type(m) for name, m in model.named_modules() if swap.is_swapped(m)}
 
 
-def _dynamic_load(model, monkeypatch) -> dict:
-    """Put every ``comfy.ops`` module of ``model`` in the state dynamic VRAM leaves it in.
+class _VramSlots:
+    """Every ``comfy.ops`` module of ``model`` in the state dynamic VRAM leaves it in.
 
-    Its Parameter becomes a NaN placeholder (``module.weight`` is not what a call computes
-    with), and ComfyUI's per-call cast path faults the real weights in as new Parameter
-    objects for that call only. Returns per-module fault counts.
+    Its Parameters become NaN placeholders (``module.weight`` is not what a call computes with)
+    and ``comfy.ops.cast_bias_weight`` - which ComfyUI's ops and the fused modules both call -
+    faults the real weights into a "VRAM slot": while resident it hands back the same
+    ``_v_weight``/``_v_bias`` tensors every call, as the real one does; ``evict()`` drops them so
+    the next call faults new tensors in (from ``real``, which a test may change), and with
+    ``streaming`` every call gets fresh copies (the slot cannot hold them). Each offloadable
+    fetch must be given back with ``uncast_bias_weight`` (``open`` counts what is not).
     """
-    faults = {}
-    for name, m in model.named_modules():
-        if not hasattr(m, "comfy_cast_weights"):
-            continue
-        monkeypatch.setattr(m, "comfy_cast_weights", True, raising=False)
-        for attr, value in (("seed_key", name), ("pin_failed", False), ("_v_signature", None),
-                            ("weight_function", []), ("bias_function", []),
-                            ("weight_lowvram_function", None), ("bias_lowvram_function", None)):
-            monkeypatch.setattr(m, attr, value, raising=False)
-        real = {k: p.detach().clone() for k, p in m._parameters.items() if p is not None}
-        for k, p in real.items():
-            m._parameters[k] = torch.nn.Parameter(torch.full_like(p, float("nan")),
-                                                  requires_grad=False)
-        stock = m.forward_comfy_cast_weights
-        faults[name] = 0
 
-        def faulted(*args, _m=m, _real=real, _stock=stock, _name=name, **kwargs):
-            placeholders = dict(_m._parameters)
-            for k, v in _real.items():
-                _m._parameters[k] = torch.nn.Parameter(v.clone(), requires_grad=False)
-            faults[_name] += 1
-            try:
-                return _stock(*args, **kwargs)
-            finally:
-                _m._parameters.update(placeholders)
+    def __init__(self, model, monkeypatch):
+        import comfy.ops
 
-        monkeypatch.setattr(m, "forward_comfy_cast_weights", faulted, raising=False)
-    return faults
+        self.faults, self.real, self.open, self.streaming = {}, {}, 0, False
+        self._by_id = {}
+        for name, m in model.named_modules():
+            if not hasattr(m, "comfy_cast_weights"):
+                continue
+            monkeypatch.setattr(m, "comfy_cast_weights", True, raising=False)
+            for attr, value in (("seed_key", name), ("_v", ("slot", name)),
+                                ("_v_signature", ("resident",)),
+                                ("weight_function", []), ("bias_function", [])):
+                monkeypatch.setattr(m, attr, value, raising=False)
+            self.real[name] = {k: p.detach().clone() for k, p in m._parameters.items()
+                               if p is not None}
+            for k, p in self.real[name].items():
+                m._parameters[k] = torch.nn.Parameter(torch.full_like(p, float("nan")),
+                                                      requires_grad=False)
+            self.faults[name] = 0
+            self._by_id[id(m)] = (name, m)
+        cast, uncast = comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight
+
+        def fake_cast(s, input=None, dtype=None, device=None, bias_dtype=None,
+                      offloadable=False, **kwargs):
+            hit = self._by_id.get(id(s))
+            if hit is None:
+                return cast(s, input, dtype, device, bias_dtype, offloadable=offloadable, **kwargs)
+            name, m = hit
+            real = self.real[name]
+            if self.streaming or "_v_weight" not in m.__dict__:
+                self.faults[name] += 1
+                w = real["weight"].to(input.device, input.dtype, copy=True)
+                b = None if "bias" not in real else real["bias"].to(input.device, input.dtype,
+                                                                    copy=True)
+                if self.streaming:
+                    m.__dict__.pop("_v_weight", None)
+                    m.__dict__.pop("_v_bias", None)
+                    return (w, b, ("slot",)) if offloadable else (w, b)
+                m.__dict__["_v_weight"], m.__dict__["_v_bias"] = w, b
+            if offloadable:
+                self.open += 1
+            w, b = m.__dict__["_v_weight"], m.__dict__["_v_bias"]
+            return (w, b, ("slot", s)) if offloadable else (w, b)
+
+        def fake_uncast(s, weight, bias, state):
+            if isinstance(state, tuple) and state[:1] == ("slot",):
+                self.open -= 1 if len(state) == 2 else 0
+                return None
+            return uncast(s, weight, bias, state)
+
+        monkeypatch.setattr(comfy.ops, "cast_bias_weight", fake_cast)
+        monkeypatch.setattr(comfy.ops, "uncast_bias_weight", fake_uncast)
+
+    def evict(self):
+        for _, m in self._by_id.values():
+            m.__dict__.pop("_v_weight", None)
+            m.__dict__.pop("_v_bias", None)
 
 
-def test_dynamic_vram_state_keeps_the_classes_and_decodes_exactly(pack, vae, monkeypatch):
+def test_dynamic_vram_runs_fused_on_comfys_resident_weights(pack, vae, monkeypatch):
     model = vae.first_stage_model
     report = pack_module("fastpath.install")
+    cache = pack_module("fastpath.cache")
     z = _latent()
     with torch.inference_mode():
         expected = _stock(vae, z)
-        high, ui = _fast(pack, vae, z, "high")  # installs, folds, and loads the VAE
+        high, ui = _fast(pack, vae, z, "high")  # installs and loads the VAE
     assert ui["path"] == "high", ui["text"]
-    assert _rel_err(high, expected) < REL_TOL
     swapped = _swapped(model)
     installed = report.install_report(model)
     assert swapped and installed.fused > 0
 
-    faults = _dynamic_load(model, monkeypatch)
-    decoder_ops = [n for n in faults if n.startswith("decoder.")]
+    slots = _VramSlots(model, monkeypatch)
+    decoder_ops = [n for n in slots.faults if n.startswith("decoder.")]
     with torch.inference_mode():
         assert torch.equal(_stock(vae, z), expected)  # the simulation computes the same
         lossless, _ = _fast(pack, vae, z, "lossless")
-        before = dict(faults)
+        faults = dict(slots.faults)
         high, ui = _fast(pack, vae, z, "high")
     assert torch.equal(lossless, expected)
-    # Every decoder op faulted its weights in for the high decode: nothing read the
-    # placeholders directly, so the decode is the stock one, bit for bit.
-    assert all(faults[n] == before[n] + 1 for n in decoder_ops)
-    assert torch.equal(high, expected)
-    assert ui["path"] == "fallback" and ui["reason"] == CAST, ui["text"]
+    # Fused on the resident slots ComfyUI's cast handed over (nothing re-faulted, nothing read
+    # the NaN placeholders), every fetch given back, and no block left stock for it.
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
+    assert slots.faults == faults and slots.open == 0
+    assert torch.isfinite(high).all() and _rel_err(high, expected) < REL_TOL
+    assert cache.cache_bytes(model) > 0  # folds of resident weights are kept
     assert _swapped(model) == swapped  # classes untouched by the loader
     assert report.install_fast_path(model) is installed  # nothing re-installed
+
+    # ComfyUI evicts the slots and faults other bytes in (a LoRA, a reloaded file): the folds
+    # follow the new tensors.
+    for name in decoder_ops:
+        for k in slots.real[name]:
+            slots.real[name][k] = slots.real[name][k] * 0.75
+    slots.evict()
+    with torch.inference_mode():
+        changed = _stock(vae, z)
+        high, ui = _fast(pack, vae, z, "high")
+    assert _rel_err(changed, expected) > 1e-2
+    assert ui["path"] == "high" and _rel_err(high, changed) < REL_TOL, ui["text"]
+
+
+def test_weights_streamed_per_call_keep_the_stock_path(pack, vae, monkeypatch):
+    """A VRAM slot that cannot hold its module (the model does not fit): ComfyUI streams the
+    weights per call and its own forward stays in charge of that module, exactly."""
+    model = vae.first_stage_model
+    z = _latent()
+    with torch.inference_mode():
+        expected = _stock(vae, z)
+        _fast(pack, vae, z, "high")
+    slots = _VramSlots(model, monkeypatch)
+    slots.streaming = True
+    with torch.inference_mode():
+        high, ui = _fast(pack, vae, z, "high")
+    streamed = pack_module("fastpath.comfyui.weights").STREAMED
+    assert streamed in ui["text"] and slots.open == 0, ui["text"]
+    assert torch.equal(high, expected)
+    assert pack_module("fastpath.cache").cache_bytes(model) == 0
 
 
 def test_parameters_replaced_by_comfys_set_attr_param_are_read_live(pack, vae):

@@ -29,7 +29,6 @@ LATENT = (1, 4, 4, 4)  # 32x32 px: each interpreted high decode of the tiny VAE 
 # fp32 on the CPU, fast vs stock: reordered sums of a few ULPs compounded over the decoder's
 # layers, measured ~2e-6 of the output range for this VAE; 1e-4 still catches a wrong layer.
 REL_TOL = 1e-4
-LOW_VRAM = "weights cast per call (ComfyUI low-VRAM mode)"
 
 
 @pytest.fixture()
@@ -76,16 +75,28 @@ def _ops_leaves(root: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def _count_cast_calls(monkeypatch, modules) -> dict:
-    """Count each module's trips through ComfyUI's per-call weight cast."""
+    """Count each module's trips through ComfyUI's per-call weight cast (``cast_bias_weight``,
+    which the stock ops and the fused modules both call) and check every offloadable cast is
+    given back (``uncast_bias_weight``) before the decode ends."""
+    import comfy.ops
+
     counts = {id(m): 0 for m in modules}
-    for m in modules:
-        stock = m.forward_comfy_cast_weights
+    counts["open"] = 0
+    cast, uncast = comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight
 
-        def counted(*args, _m=m, _stock=stock, **kwargs):
-            counts[id(_m)] += 1
-            return _stock(*args, **kwargs)
+    def counted_cast(s, *args, **kwargs):
+        if id(s) in counts:
+            counts[id(s)] += 1
+            counts["open"] += 1 if kwargs.get("offloadable") else 0
+        return cast(s, *args, **kwargs)
 
-        monkeypatch.setattr(m, "forward_comfy_cast_weights", counted, raising=False)
+    def counted_uncast(s, *args, **kwargs):
+        if id(s) in counts:
+            counts["open"] -= 1
+        return uncast(s, *args, **kwargs)
+
+    monkeypatch.setattr(comfy.ops, "cast_bias_weight", counted_cast)
+    monkeypatch.setattr(comfy.ops, "uncast_bias_weight", counted_uncast)
     return counts
 
 
@@ -109,8 +120,10 @@ def test_offloaded_modules_take_comfys_cast_path_and_the_rest_stays_fast(
         assert torch.equal(lossless, expected) and ui["path"] == "lossless"
         assert all(counts[id(m)] == 2 for m in offloaded)  # VAEDecode and lossless both cast
         high, ui = _fast_node(pack, vae, z, "high")
-    assert all(counts[id(m)] == 3 for m in offloaded)  # high used ComfyUI's cast path too
-    assert ui["path"] == "high" and LOW_VRAM in ui["text"], ui["text"]
+    # high fetched each offloaded module's weights through ComfyUI's cast, gave them back, and
+    # ran every block fused on them: casting is no reason to leave a block stock.
+    assert all(counts[id(m)] == 3 for m in offloaded) and counts["open"] == 0
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
     assert torch.isfinite(high).all() and _rel_err(high, expected) < REL_TOL
     with torch.inference_mode():
         assert torch.equal(_stock_node(vae, z), expected)  # the stock node is untouched
@@ -134,8 +147,9 @@ def test_per_call_weight_patches_take_comfys_cast_path(pack, interpreter):
         high, ui = _fast_node(pack, vae, z, "high")
     assert _rel_err(expected, unpatched) > 1e-2  # the patch changes the image
     assert torch.equal(lossless, expected)
-    assert ui["path"] == "high" and "ComfyUI weight patches" in ui["text"], ui["text"]
-    assert _rel_err(high, expected) < REL_TOL  # the patched weights, not the raw ones
+    # Fused on the patched weights ComfyUI's cast hands over, not the raw ones.
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
+    assert _rel_err(high, expected) < REL_TOL
 
 
 def test_comfys_own_partial_unload_falls_back_per_module(pack, interpreter):
@@ -163,8 +177,8 @@ def test_comfys_own_partial_unload_falls_back_per_module(pack, interpreter):
             lossless, outcome = quality.decode_at_quality(vae, "lossless", lambda: model.decode(z))
             assert torch.equal(lossless, before)  # ComfyUI's cast path computes the same
             high, outcome = quality.decode_at_quality(vae, "high", lambda: model.decode(z))
-        # Some blocks ran fused (path "high"), the offloaded ones took ComfyUI's cast path.
-        assert outcome.path == "high" and LOW_VRAM in outcome.fallbacks, outcome.text()
+        # Every block ran fused, the offloaded ones on the weights ComfyUI's cast moved in.
+        assert outcome.path == "high" and not outcome.fallbacks, outcome.text()
         assert torch.isfinite(high).all() and _rel_err(high, before) < REL_TOL
     finally:
         import comfy.model_management as mm
@@ -232,7 +246,8 @@ def test_gpu_decoder_with_some_weights_on_the_cpu(pack, gpu_vae):
         high, outcome = _high(vae, z)
         truth = _fp32_decode(vae, z)
     assert torch.equal(lossless, expected)
-    assert outcome.path == "high" and LOW_VRAM in outcome.fallbacks, outcome.text()
+    # The offloaded modules run fused too, on the weights ComfyUI casts to the GPU per call.
+    assert outcome.path == "high" and not outcome.fallbacks, outcome.text()
     assert torch.isfinite(high).all()
     # On these random weights bf16 rounding alone puts the stock decode ~48 dB from an fp32
     # decode (H200, measured), and any other bf16 evaluation order lands ~47 dB from stock, so
@@ -247,6 +262,7 @@ def test_gpu_novram_mode(pack, gpu_vae, monkeypatch):
     every ops module offloaded and casts it per call."""
     import comfy.model_management as mm
 
+    cache = pack_module("fastpath.cache")
     vae = gpu_vae
     monkeypatch.setattr(mm, "vram_state", mm.VRAMState.NO_VRAM)
     z = _latent((1, 4, 64, 64), seed=3)
@@ -256,5 +272,7 @@ def test_gpu_novram_mode(pack, gpu_vae, monkeypatch):
         lossless, _ = _fast_node(pack, vae, z, "lossless")
         high, outcome = _high(vae, z)
     assert torch.equal(lossless, expected)
-    assert LOW_VRAM in outcome.fallbacks, outcome.text()
-    assert torch.isfinite(high).all() and _psnr(high, expected) >= 50.0
+    # Every module fused on its per-call cast weights (folds built per call, never kept).
+    assert outcome.path == "high" and not outcome.fallbacks, outcome.text()
+    assert cache.cache_bytes(vae.first_stage_model) == 0
+    assert torch.isfinite(high).all() and _psnr(high, expected) >= 45.0

@@ -1,13 +1,31 @@
-"""How ComfyUI's ``comfy.ops`` modules may compute with something other than their raw weights.
+"""How a fused module gets its weights for one call: the way ComfyUI's own ops get them.
 
-Low-VRAM modes set ``comfy_cast_weights`` and cast or stream the weights inside the stock
-``forward``; dynamic VRAM (newer ComfyUI, ``ModelPatcher.is_dynamic()``) also sets it and
-faults the weights into a VRAM slot per call (``_v``/``_v_signature`` on the module); LoRA-style
-patches add ``weight_function``s. A fused module reads ``module.weight`` directly, so any of
-these sends it to its stock path. Attributes are read without ``nn.Module.__getattr__``, whose
-AttributeError for a missing name is slow on a per-call path.
+ComfyUI's ``comfy.ops`` modules compute with something other than their raw Parameters when
+``comfy_cast_weights`` is set or weight patches are attached:
+- dynamic VRAM (``ModelPatcherDynamic``, the default on NVIDIA in newer trees) leaves the
+  Parameters in host memory and faults them into a VRAM slot per call (``_v``); while the slot
+  stays resident ``cast_bias_weight`` hands back the same ``_v_weight`` tensor every call;
+- low-VRAM modes cast or stream the weights to the input's device per call;
+- LoRA-style patches (``weight_function`` / ``bias_function``) transform them per call.
+
+A fused call opens ``weights_for_call()``; each module whose weights it reads is fetched once
+with ``fetch_reason(module, x)`` through ComfyUI's own ``cast_bias_weight`` (never a copy of its
+logic) and given back with ``uncast_bias_weight`` when the call ends, exactly as the stock op
+does around its one kernel. ``weight_of`` / ``bias_of`` then return what the stock op would have
+computed with. Folded buffers may be kept only for weights that outlive the call
+(``is_stable``): the module's own Parameters or a resident VRAM slot; a fold of a per-call copy
+is rebuilt per call and never kept.
+
+Outside such a scope (or for a module that is not a ComfyUI op) the raw Parameters are used.
+Attributes are read without ``nn.Module.__getattr__``, whose AttributeError for a missing name
+is slow on a per-call path.
 """
 from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from typing import Iterator, NamedTuple
 
 import torch
 
@@ -15,7 +33,12 @@ _MISSING = object()
 
 LOW_VRAM = "weights cast per call (ComfyUI low-VRAM mode)"
 DYNAMIC_VRAM = "weights streamed per call (ComfyUI dynamic VRAM)"
+STREAMED = "weights streamed per call (ComfyUI dynamic VRAM: the model does not fit in VRAM)"
 PATCHES = "ComfyUI weight patches"
+
+# The module ComfyUI's own op classes are defined in; ops classes of other extensions (GGUF,
+# quantised formats) cast their own way, and are left to their stock forward.
+COMFY_OPS = "comfy.ops"
 
 
 def module_attr(module: torch.nn.Module, name: str, default=None):
@@ -32,3 +55,131 @@ def comfy_cast_reason(module: torch.nn.Module) -> str | None:
     if module_attr(module, "weight_function") or module_attr(module, "bias_function"):
         return PATCHES
     return None
+
+
+def _comfy_cast_functions(module: torch.nn.Module):
+    """ComfyUI's (cast_bias_weight, uncast_bias_weight) for a module of its own ops, else None."""
+    forward = getattr(type(module), "forward_comfy_cast_weights", None)
+    if getattr(forward, "__module__", None) != COMFY_OPS:
+        return None
+    ops = sys.modules.get(COMFY_OPS)
+    cast = getattr(ops, "cast_bias_weight", None)
+    uncast = getattr(ops, "uncast_bias_weight", None)
+    if cast is None or uncast is None or "offloadable" not in cast.__code__.co_varnames:
+        return None
+    return cast, uncast
+
+
+class _Fetched(NamedTuple):
+    weight: torch.Tensor | None
+    bias: torch.Tensor | None
+    stable: bool
+    release: object  # a callable that gives the weights back, or None
+
+
+class CallWeights:
+    """The weights one fused call has fetched, given back together when the call ends."""
+
+    def __init__(self) -> None:
+        self._held: dict[int, tuple[torch.nn.Module, _Fetched]] = {}
+
+    def get(self, module: torch.nn.Module) -> _Fetched | None:
+        entry = self._held.get(id(module))
+        return entry[1] if entry is not None and entry[0] is module else None
+
+    def fetch(self, module: torch.nn.Module, x: torch.Tensor) -> str | None:
+        if self.get(module) is not None:
+            return None
+        cast_reason = comfy_cast_reason(module)
+        if cast_reason is None:
+            return None  # raw Parameters: the stock forward computes with exactly these
+        functions = _comfy_cast_functions(module)
+        if functions is None:
+            return cast_reason  # not ComfyUI's own ops, or a tree without the cast pair
+        cast, uncast = functions
+        try:
+            weight, bias, state = cast(module, x, offloadable=True)
+        except Exception as exc:  # fail closed: the stock forward fetches (or raises) its own way
+            return f"ComfyUI could not fetch the weights ({type(exc).__name__})"
+        state_dict = module.__dict__
+        stable = ((weight is state_dict.get("_parameters", {}).get("weight")
+                   or weight is state_dict.get("_v_weight"))
+                  and (bias is None or bias is state_dict.get("_parameters", {}).get("bias")
+                       or bias is state_dict.get("_v_bias")))
+        fetched = _Fetched(weight, bias, bool(stable),
+                           lambda m=module, w=weight, b=bias, s=state: uncast(m, w, b, s))
+        self._held[id(module)] = (module, fetched)
+        if "_v" in state_dict and not stable:
+            # The VRAM slot could not hold it: ComfyUI streams this module's weights through a
+            # staging buffer per call; its stock forward (and its prefetching) stays in charge.
+            return STREAMED
+        return None
+
+    def release(self) -> None:
+        held, self._held = self._held, {}
+        for _, fetched in held.values():
+            if fetched.release is not None:
+                fetched.release()
+
+
+_LOCAL = threading.local()
+
+
+def _stack() -> list[CallWeights]:
+    stack = getattr(_LOCAL, "stack", None)
+    if stack is None:
+        stack = _LOCAL.stack = []
+    return stack
+
+
+@contextlib.contextmanager
+def weights_for_call() -> Iterator[CallWeights]:
+    """One fused call's weight scope; everything fetched in it is given back at its end."""
+    scope = CallWeights()
+    stack = _stack()
+    stack.append(scope)
+    try:
+        yield scope
+    finally:
+        stack.pop()
+        scope.release()
+
+
+def _fetched(module: torch.nn.Module) -> _Fetched | None:
+    for scope in reversed(_stack()):
+        hit = scope.get(module)
+        if hit is not None:
+            return hit
+    return None
+
+
+def fetch_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
+    """Make ``module``'s weights for this call available to ``weight_of``; why not, if not.
+
+    Outside a ``weights_for_call`` scope nothing is fetched, and a module ComfyUI would cast
+    gets the reason it would have got before weights could be fetched.
+    """
+    stack = _stack()
+    if not stack:
+        return comfy_cast_reason(module)
+    if _fetched(module) is not None:
+        return None
+    return stack[-1].fetch(module, x)
+
+
+def weight_of(module: torch.nn.Module, name: str = "weight") -> torch.Tensor | None:
+    """The tensor the stock op would compute with for this call (``name``: weight or bias)."""
+    fetched = _fetched(module)
+    if fetched is not None:
+        return fetched.weight if name == "weight" else fetched.bias
+    return module._parameters.get(name) if name in module._parameters else getattr(module, name)
+
+
+def bias_of(module: torch.nn.Module) -> torch.Tensor | None:
+    return weight_of(module, "bias")
+
+
+def is_stable(module: torch.nn.Module) -> bool:
+    """Whether this call's weights of ``module`` outlive the call (a fold of them may be kept)."""
+    fetched = _fetched(module)
+    return True if fetched is None else fetched.stable

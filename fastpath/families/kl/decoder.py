@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ...comfyui.weights import bias_of, weights_for_call
 from ...fused import FusedModule
 from ...prewarm import tiny_input
 from .ops import (
@@ -79,20 +80,22 @@ class _FusedDecoder(FusedModule):
     def prewarm(self, device, dtype):
         """The decoder's own kernels (the blocks warm up their own): two bias adds, norm_out."""
         conv_in, norm_out, conv_out = self._ends()
-        if self.fast_unsupported(tiny_input(conv_in.in_channels, 4, device, dtype)) is not None:
-            return
-        add_bias_residual_(tiny_input(conv_in.out_channels, 4, device, dtype), conv_in.bias)
-        norm_out.norm_silu(tiny_input(norm_out.num_channels, 4, device, dtype))
-        add_bias_residual_(tiny_input(conv_out.out_channels, 4, device, dtype), conv_out.bias)
+        with weights_for_call():
+            if self.fast_unsupported(tiny_input(conv_in.in_channels, 4, device, dtype)) is not None:
+                return
+            add_bias_residual_(tiny_input(conv_in.out_channels, 4, device, dtype), bias_of(conv_in))
+            norm_out.norm_silu(tiny_input(norm_out.num_channels, 4, device, dtype))
+            add_bias_residual_(tiny_input(conv_out.out_channels, 4, device, dtype),
+                               bias_of(conv_out))
 
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()
         with cudnn_benchmark_for(z), channels_last_decode():
             h = to_channels_last(conv2d(conv_in, _conv_in_layout(z), use_bias=False))
-            h = add_bias_residual_(h, conv_in.bias)
+            h = add_bias_residual_(h, bias_of(conv_in))
             h = self._blocks(h)
             h = add_bias_residual_(conv2d(conv_out, norm_out.norm_silu(h), use_bias=False),
-                                   conv_out.bias)
+                                   bias_of(conv_out))
             h = self._finish(h)
         return self._output(h)
 

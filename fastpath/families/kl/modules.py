@@ -29,6 +29,7 @@ from ....kernels.vae_attention import (
     to_tokens,
 )
 from ...cache import cached
+from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
 from .ops import (
     StockLayoutGuard,
@@ -87,13 +88,14 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         # Conv biases are added by one channels-last pass each (torch's broadcast add after the
         # conv is a slow generic kernel on channels-last), and conv2's together with the residual.
         h = conv2d(conv1, norm1.norm_silu(xc), use_bias=False)
-        h = norm2.norm_silu(add_bias_residual_(h, conv1.bias))
+        h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
         out = conv2d(conv2, h, use_bias=False)
         if shortcut is None:
-            add_bias_residual_(out, conv2.bias, xc)
+            add_bias_residual_(out, bias_of(conv2), xc)
         else:
-            bias = cached(self, "resnet_shortcut_bias", (shortcut.bias, conv2.bias),
-                          lambda: sum_biases(shortcut.bias, conv2.bias))
+            sources = (bias_of(shortcut), bias_of(conv2))
+            bias = cached(self, "resnet_shortcut_bias", sources, lambda: sum_biases(*sources),
+                          keep=is_stable(shortcut) and is_stable(conv2))
             add_bias_residual_(out, bias, conv2d(shortcut, xc, use_bias=False))
         if out_scale != 1:
             out /= out_scale
@@ -153,9 +155,10 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
         return self._parts()[0].num_channels
 
     def fast_forward(self, x, *args, **kwargs):
-        norm, q, k, v, o, _, out_scale = self._parts()
+        norm, q, k, v, o, modules, out_scale = self._parts()
         sources = (*q, *k, *v, *o)
-        folded = cached(self, "attention_fold", sources, lambda: fold_attention_weights(*sources))
+        folded = cached(self, "attention_fold", sources, lambda: fold_attention_weights(*sources),
+                        keep=all(is_stable(m) for m in modules))
         xc = to_channels_last(x)
         height, width = xc.shape[-2:]
         tokens = to_tokens(norm.norm_silu(xc, silu=False))  # a free view of channels-last
@@ -171,7 +174,7 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
 
 
 def _conv_pair(conv):
-    return conv.weight, conv.bias
+    return weight_of(conv), bias_of(conv)
 
 
 class FusedComfyAttnBlock(_FusedAttention):
@@ -220,14 +223,15 @@ class _FusedUpsample(FusedModule, StockLayoutGuard):
         conv = self._conv()
         xc = to_channels_last(x)
         mode = settings.upsample
+        weight, bias, keep = weight_of(conv), bias_of(conv), is_stable(conv)
         if mode == "transposed":
-            w = cached(self, "upsample_fold", (conv.weight,),
-                       lambda: fold_upsample_conv_weight(conv.weight))
-            out = add_bias_residual_(upsample_conv_folded(xc, w, None), conv.bias)
+            w = cached(self, "upsample_fold", (weight,),
+                       lambda: fold_upsample_conv_weight(weight), keep=keep)
+            out = add_bias_residual_(upsample_conv_folded(xc, w, None), bias)
         elif mode == "subpixel":
-            w4, b4 = cached(self, "upsample_fold_subpixel", (conv.weight, conv.bias), lambda: (
-                fold_upsample_conv_weight_subpixel(conv.weight),
-                None if conv.bias is None else conv.bias.repeat_interleave(4)))
+            w4, b4 = cached(self, "upsample_fold_subpixel", (weight, bias), lambda: (
+                fold_upsample_conv_weight_subpixel(weight),
+                None if bias is None else bias.repeat_interleave(4)), keep=keep)
             out = upsample_conv_subpixel(xc, w4, b4)
         else:
             out = conv2d(conv, F.interpolate(xc, scale_factor=2.0, mode="nearest"))

@@ -23,7 +23,7 @@ from ....kernels.group_norm_silu import (
     group_norm_silu,
     group_norm_silu_unsupported,
 )
-from ...comfyui.weights import comfy_cast_reason
+from ...comfyui.weights import bias_of, fetch_reason, weight_of
 from ...fused import FusedModule
 
 CHANNELS_LAST = torch.channels_last
@@ -114,11 +114,12 @@ def weights_reason(modules, x: torch.Tensor) -> str | None:
         return _AUTOGRAD
     device, dtype = x.device, x.dtype
     for m in modules:
-        reason = comfy_cast_reason(m)
+        reason = fetch_reason(m, x)
         if reason is not None:
             return reason
         norm = isinstance(m, torch.nn.GroupNorm)
-        for p in m._parameters.values():
+        for name in m._parameters:
+            p = weight_of(m, name)
             if p is None:
                 continue
             if p.device != device:
@@ -136,8 +137,8 @@ _AUTOGRAD = "autograd (the fused kernels have no backward)"
 def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = None,
            use_bias: bool = True) -> torch.Tensor:
     """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
-    b = bias if bias is not None else (conv.bias if use_bias else None)
-    return F.conv2d(x, conv.weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
+    b = bias if bias is not None else (bias_of(conv) if use_bias else None)
+    return F.conv2d(x, weight_of(conv), b, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 _DECODE = threading.local()
@@ -202,10 +203,10 @@ class FusedGroupNormSiLU(FusedModule):
         return super().forward(x)
 
     def fast_unsupported(self, x) -> str | None:
-        reason = comfy_cast_reason(self)
+        reason = fetch_reason(self, x)
         if reason is not None:
             return reason
-        return group_norm_silu_unsupported(x, self.weight, self.bias, self.num_groups)
+        return group_norm_silu_unsupported(x, weight_of(self), bias_of(self), self.num_groups)
 
     def fast_forward(self, x):
         return self.norm_silu(x, silu=False)
@@ -217,8 +218,9 @@ class FusedGroupNormSiLU(FusedModule):
         mismatch between those checks and the kernel's; raising sends the calling block to its
         stock path (``FusedModule`` disables it for the session and logs the reason).
         """
-        y = group_norm_silu(x, self.weight, self.bias, self.num_groups, self.eps, silu=silu)
+        weight, bias = weight_of(self), bias_of(self)
+        y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
-                group_norm_silu_unsupported(x, self.weight, self.bias, self.num_groups)))
+                group_norm_silu_unsupported(x, weight, bias, self.num_groups)))
         return y

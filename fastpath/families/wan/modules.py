@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from ....kernels.bias_residual_add import sum_biases
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from ...cache import cached
+from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
 from .exact import ExactCausalConv3d, ExactRMSNorm
 from .ops import (
@@ -103,16 +104,17 @@ class FusedWanResidualBlock(FusedModule):
         parts = conv_parts(conv1, inp1)
         del inp1, new1
         inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2)
-        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=conv1.bias, out=new2)
+        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=bias_of(conv1), out=new2)
         cache2 = next_cache(inp2, zeros2) if keep else None
         del parts
         parts = conv_parts(conv2, inp2)
         del inp2, new2
         if isinstance(shortcut, torch.nn.Identity):
-            h = add_parts(parts, conv2.bias, x)
+            h = add_parts(parts, bias_of(conv2), x)
         else:
-            bias = cached(self, "shortcut_bias", (conv2.bias, shortcut.bias),
-                          lambda: sum_biases(conv2.bias, shortcut.bias))
+            sources = (bias_of(conv2), bias_of(shortcut))
+            bias = cached(self, "shortcut_bias", sources, lambda: sum_biases(*sources),
+                          keep=is_stable(conv2) and is_stable(shortcut))
             h = add_parts(parts, bias, conv_parts(shortcut, causal_input(shortcut, x, None)[0])[0])
 
         if keep:  # nothing below can fail: the cache changes only once the block has succeeded
@@ -212,12 +214,12 @@ class FusedWanAttention(FusedModule):
         # channels-last image batch is a view.
         frames = identity.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)
         y = norm_silu(self.norm, to_cl(frames), silu=False)
-        qkv = F.conv2d(y, conv_weight(self.to_qkv, torch.channels_last), self.to_qkv.bias)
+        qkv = F.conv2d(y, conv_weight(self.to_qkv, torch.channels_last), bias_of(self.to_qkv))
         qkv = qkv.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
         q, k, v = qkv.split(c, dim=-1)
         o = F.scaled_dot_product_attention(q, k, v)  # scale 1/sqrt(c): the stock attention's
         o = o.reshape(b * t, h, w, c).permute(0, 3, 1, 2)  # channels-last view
-        o = F.conv2d(o, conv_weight(self.proj, torch.channels_last), self.proj.bias)
+        o = F.conv2d(o, conv_weight(self.proj, torch.channels_last), bias_of(self.proj))
         o = to_cl(o).reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
         return o + identity
 
@@ -269,9 +271,10 @@ class FusedWanResample(FusedModule):
         b, c, t, h, w = x.shape
         conv = self._conv()
         frames = x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)  # channels-last view
-        folded = cached(conv, "upsample_fold", (conv.weight,), lambda: fold_upsample_conv_weight(
-            conv.weight.detach()).contiguous(memory_format=torch.channels_last))
-        y = to_cl(upsample_conv_folded(frames, folded, conv.bias))
+        weight = weight_of(conv)
+        folded = cached(conv, "upsample_fold", (weight,), lambda: fold_upsample_conv_weight(
+            weight.detach()).contiguous(memory_format=torch.channels_last), keep=is_stable(conv))
+        y = to_cl(upsample_conv_folded(frames, folded, bias_of(conv)))
         return y.reshape(b, t, y.shape[1], 2 * h, 2 * w).permute(0, 2, 1, 3, 4)
 
 

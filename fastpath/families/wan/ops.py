@@ -20,7 +20,7 @@ from ....kernels.backend import triton_unavailable_reason
 from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
 from ...cache import cached
-from ...comfyui.weights import comfy_cast_reason
+from ...comfyui.weights import bias_of, comfy_cast_reason, fetch_reason, is_stable, weight_of
 
 CL3D = torch.channels_last_3d
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
@@ -65,10 +65,10 @@ def tensor_reason(x, dims: int = 5) -> str | None:
 
 def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
     """Per-call: ``F.conv*`` on the conv's raw weights computes what its stock forward does."""
-    reason = comfy_cast_reason(conv)
+    reason = fetch_reason(conv, x)
     if reason is not None:
         return reason
-    for p in (conv.weight, conv.bias):
+    for p in (weight_of(conv), bias_of(conv)):
         if p is None:
             continue
         if p.device != x.device:
@@ -189,10 +189,11 @@ def conv_weight(conv: torch.nn.Module, fmt: torch.memory_format) -> torch.Tensor
     cuDNN runs channels-last activations against a channels-last weight; handing it the
     contiguous one makes PyTorch convert the weight on every call.
     """
-    weight = conv.weight
+    weight = weight_of(conv)
     if weight.is_contiguous(memory_format=fmt):
         return weight
-    return cached(conv, f"weight:{fmt}", (weight,), lambda: weight.detach().contiguous(memory_format=fmt))
+    return cached(conv, f"weight:{fmt}", (weight,), lambda: weight.detach().contiguous(memory_format=fmt),
+                  keep=is_stable(conv))
 
 
 # Narrow 3x3x3 convs (Wan 2.1's 96 channels at full resolution) run faster on an H200 as three
@@ -230,9 +231,10 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
     channels-last-3d view."""
     frames = inp[0].permute(1, 0, 2, 3)
     out_t = frames.shape[0] - 2
-    taps = cached(conv, "taps", (conv.weight,), lambda: [
-        conv.weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
-        for k in range(3)])
+    weight = weight_of(conv)
+    taps = cached(conv, "taps", (weight,), lambda: [
+        weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
+        for k in range(3)], keep=is_stable(conv))
     return [F.conv2d(frames[k:k + out_t], taps[k], None, padding=(pad_h, pad_w))
             .unsqueeze(0).permute(0, 2, 1, 3, 4) for k in range(3)]
 
@@ -299,4 +301,4 @@ def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | N
             cache = to_cl3d(torch.cat([prev[:, :, -1:].to(x.device), x], dim=2))
         else:
             cache = x[:, :, -CACHE_T:].clone(memory_format=CL3D)
-    return add_parts(conv_parts(conv, inp), conv.bias), cache
+    return add_parts(conv_parts(conv, inp), bias_of(conv)), cache
