@@ -199,6 +199,9 @@ def _tiny_constructors(arch: str) -> Iterator[None]:
         stock = getattr(owner, name)
 
         def build(*args, ddconfig, **kwargs):
+            # Newer trees pass the decoder its own config (widths read off its keys) too.
+            if kwargs.get("decoder_ddconfig") is not None:
+                kwargs["decoder_ddconfig"] = {**kwargs["decoder_ddconfig"], **_tiny_kl(arch)}
             return stock(*args, ddconfig={**ddconfig, **_tiny_kl(arch)}, **kwargs)
     elif arch == "flux":
         owner, name = comfy.sd, "AutoencodingEngine"

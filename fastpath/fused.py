@@ -11,7 +11,8 @@ import weakref
 
 import torch
 
-from .comfyui.weights import weights_for_call
+from .cache import drop_fast_path_caches
+from .comfyui.weights import STREAMED, weights_for_call
 from .log import log_once, say
 from .prewarm import tiny_input, warm_up
 
@@ -84,6 +85,10 @@ class FusedModule:
                 else:
                     failure = None
         if reason is not None:
+            if reason == STREAMED:
+                # ComfyUI evicted this module's weights from VRAM: folds of the resident copy
+                # are stale and only hold memory the memory manager wanted back.
+                drop_fast_path_caches(self)
             gate.stats.fell_back(reason)
             log_once(f"fallback:{type(self).__name__}:{reason}",
                      f"{type(self).__name__}: stock path ({reason})")

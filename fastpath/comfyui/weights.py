@@ -65,7 +65,8 @@ def _comfy_cast_functions(module: torch.nn.Module):
     ops = sys.modules.get(COMFY_OPS)
     cast = getattr(ops, "cast_bias_weight", None)
     uncast = getattr(ops, "uncast_bias_weight", None)
-    if cast is None or uncast is None or "offloadable" not in cast.__code__.co_varnames:
+    # uncast_bias_weight came with the offloadable cast protocol: one tells the other.
+    if cast is None or uncast is None:
         return None
     return cast, uncast
 
