@@ -86,7 +86,7 @@ def test_bench_writes_json_with_every_field(kl_bench):
         assert len(row["times_ms"][decode]) == 1
         assert row[f"{decode}_ms"] > 0
     assert row["output_shape"] == [1, 3, 16, 16]
-    assert "| tiny-sdxl | diffusers | float32 |" in text  # the Markdown table row
+    assert "| tiny-sdxl | as loaded | diffusers | float32 |" in text  # the Markdown table row
     _, (result,) = read_json(str(path))  # what a later report reads back
     assert result.label == "tiny-sdxl" and result.lossless_ms == row["lossless_ms"]
 
