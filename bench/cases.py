@@ -45,6 +45,7 @@ CASES: dict[str, Case] = {c.name: c for c in (
 )}
 
 DEFAULT_CASES = tuple(name for name, case in CASES.items() if not case.tiny)
+TINY_CASES = tuple(name for name, case in CASES.items() if case.tiny)  # the CPU default
 
 
 def select_cases(spec: str | None) -> list[Case]:

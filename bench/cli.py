@@ -1,10 +1,18 @@
 """Command line: ``python -m fast_vae_decode <demo|bench|report> [options]``; ``main(argv)`` for
-tests."""
+tests.
+
+A user mistake never ends in a traceback: what argparse itself rejects (an unknown option, a
+malformed number) is reported by the subcommand's parser (its usage, then one line); a value
+checked here (a missing file, a device this machine lacks, a size the VAE cannot decode) is one
+line on stderr naming what was expected. Both exit with status 2.
+"""
 from __future__ import annotations
 
 import argparse
 import atexit
+import dataclasses
 import os
+import pathlib
 import shlex
 import shutil
 import sys
@@ -13,6 +21,12 @@ import tempfile
 import torch
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PROG = "python -m fast_vae_decode"
+REPORT_SUFFIX = "-report"  # report's default folder: <json stem>-report/ beside the JSON
+
+
+class UsageError(Exception):
+    """A user mistake found after parsing: ``main`` says it in one line and returns 2."""
 
 
 def _dtype(name: str | None) -> torch.dtype | None:
@@ -23,17 +37,78 @@ def _default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _device(text: str | None) -> torch.device | None:
+    """``--device`` as a torch device this machine has, or UsageError saying what is expected."""
+    if text is None:
+        return None
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise UsageError(f"--device expects cpu, cuda or cuda:N; got {text!r}")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UsageError(f"--device {text}: this machine has no CUDA GPU that torch can use "
+                             "(torch.cuda.is_available() is False); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UsageError(f"--device {text}: expected cuda:0 to cuda:"
+                             f"{torch.cuda.device_count() - 1} on this machine")
+    return device
+
+
+def _count(minimum: int):
+    """argparse type: an integer of at least ``minimum``."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {minimum}, got {text!r}")
+        return value
+    parse.__name__ = f"integer >= {minimum}"
+    return parse
+
+
+def _existing(path: str | None, flag: str, what: str, folder: bool = False) -> None:
+    if path is None:
+        return
+    ok = pathlib.Path(path).is_dir() if folder else pathlib.Path(path).is_file()
+    if not ok:
+        raise UsageError(f"{flag} {path}: no such {'folder' if folder else 'file'} "
+                         f"(expected {what})")
+
+
+def _writable_place(path: str | None, flag: str) -> None:
+    """The folder a file named by ``flag`` goes into must exist (checked before any work)."""
+    if path is None:
+        return
+    parent = pathlib.Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"{flag} {path}: folder {parent} does not exist "
+                         "(expected a file name in an existing folder)")
+
+
+def default_report_dir(json_path: str) -> pathlib.Path:
+    """Where ``report`` writes without ``--out``: a new folder beside the JSON, never the
+    committed ``docs/benchmark``."""
+    path = pathlib.Path(json_path)
+    return path.with_name(path.stem + REPORT_SUFFIX)
+
+
 def _default_dtype(device: torch.device) -> torch.dtype:
     # bf16 is ComfyUI's VAE dtype on current GPUs; CPUs run fp32 (bf16 convs are slow there).
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .cases import CASES, DEFAULT_CASES
+    from .cases import CASES, DEFAULT_CASES, TINY_CASES
+    from .demo import DEFAULT_OUT
     from .models import ARCHS
 
     parser = argparse.ArgumentParser(
-        prog="python -m fast_vae_decode",
+        prog=PROG,
         description="Fast VAE Decode: demo on an embedded model, benchmark against stock, "
                     "report a benchmark.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,21 +116,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser(
         "demo", help="decode with a seeded random-weight SDXL VAE (no ComfyUI, no downloads)",
         description="Decodes one seeded latent at quality lossless and high with a seeded "
-                    "random-weight SDXL-architecture VAE and writes the high image.")
-    demo.add_argument("--size", type=int, default=None,
-                      help="image side in pixels (default 1024 on CUDA, 256 on CPU)")
-    demo.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
+                    "random-weight SDXL-architecture VAE and writes the high image (random "
+                    "weights: it looks like coloured noise).")
+    demo.add_argument("--size", type=_count(1), default=None,
+                      help="image side in pixels, a multiple of the VAE's upscale (8; 2 for "
+                           "tiny_*) (default 1024 on CUDA, 256 on CPU)")
+    demo.add_argument("--device", default=None,
+                      help="cpu, cuda or cuda:N (default: cuda if available)")
     demo.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                       help="default bf16 on CUDA, fp32 on CPU")
-    demo.add_argument("--out", default="fast_vae_decode_demo.png",
-                      help="image to write (PNG; PPM without Pillow or with a .ppm name)")
+    demo.add_argument("--out", default=DEFAULT_OUT,
+                      help="image to write (PNG; PPM without Pillow or with a .ppm name); "
+                           "default: %(default)s")
     demo.add_argument("--arch", default="sdxl",
                       choices=[a for a in ARCHS if a in ("sdxl", "sd15", "flux")]
                       + ["tiny_sdxl", "tiny_sd15", "tiny_flux"],
                       help="image VAE architecture (tiny_* are small test variants)")
     demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--repeats", type=int, default=None,
+    demo.add_argument("--repeats", type=_count(1), default=None,
                       help="timed decodes per quality (default 5 on CUDA, 1 on CPU)")
+    demo.set_defaults(parser=demo, run=_demo)
 
     bench = sub.add_parser(
         "bench", help="time stock vs lossless vs high per case; Markdown table + JSON",
@@ -64,7 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "COMFYUI_PATH) stock is ComfyUI's VAEDecode and the fast paths go through "
                     "the FastVAEDecode node; without, diffusers models are used.")
     bench.add_argument("--cases", default=None,
-                       help=f"comma-separated (default: {','.join(DEFAULT_CASES)}); "
+                       help=f"comma-separated (default: {','.join(DEFAULT_CASES)}; without a "
+                            f"CUDA GPU: {','.join(TINY_CASES)}); "
                             f"also: {','.join(n for n in CASES if n not in DEFAULT_CASES)}")
     bench.add_argument("--list-cases", action="store_true", help="print the cases and exit")
     bench.add_argument("--comfyui", default=None,
@@ -75,17 +156,20 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-comfyui", action="store_true",
                        help="use diffusers models even when COMFYUI_PATH is set")
     bench.add_argument("--device", default=None,
-                       help="default: cuda if available (with ComfyUI: ComfyUI's VAE device)")
+                       help="cpu, cuda or cuda:N; default: cuda if available (with ComfyUI: "
+                            "ComfyUI's VAE device)")
     bench.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                        help="default: ComfyUI's VAE dtype; diffusers: bf16 on CUDA, fp32 on CPU")
-    bench.add_argument("--repeats", type=int, default=None,
+    bench.add_argument("--repeats", type=_count(1), default=None,
                        help="timed decodes per path (default 11 for images, 3 for video)")
     bench.add_argument("--burn-in", dest="burn_in", type=float, default=None, metavar="SECONDS",
                        help="untimed stock decodes of the first case before any timing "
                             "(default 3 s on CUDA, 0 on the CPU)")
-    bench.add_argument("--warmup", type=int, default=1, help="untimed decodes before timing")
+    bench.add_argument("--warmup", type=_count(0), default=1,
+                       help="untimed decodes before timing")
     bench.add_argument("--precisions", default="fp32,fp16,bf16",
-                       help="Wan decode precisions to add as rows, comma-separated, or 'none'")
+                       help=f"Wan decode precisions to add as rows, comma-separated from "
+                            f"{', '.join(sorted(DTYPES))}, or 'none'")
     bench.add_argument("--run-unsupported", action="store_true",
                        help="measure cases that no fast-path family supports yet")
     bench.add_argument("--json", dest="json_path", default=None, help="write results here")
@@ -96,15 +180,16 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--crops-npz", default=None, metavar="PATH",
                        help="all crops in one .npz (keys = those file names without "
                             "extension): one file to bring back, read by 'report'")
-    bench.add_argument("--crop-size", type=int, default=256,
+    bench.add_argument("--crop-size", type=_count(1), default=256,
                        help="crop side in pixels (the whole image when smaller)")
     bench.add_argument("--seed", type=int, default=0)
     bench.add_argument("--report", dest="report_dir", default=None, metavar="DIR",
                        help="also write the Markdown report and PNG plots (as the 'report' "
                             "command does) into DIR; needs --json and matplotlib")
     bench.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
-                       help="override a field of fastpath.kl_settings.settings for this run, "
-                            "e.g. attention=sdpa or comfy_output_fp32=false (repeatable)")
+                       help="override a KL fast-path setting (fastpath/families/kl/settings.py) "
+                            "for this run, e.g. attention=sdpa or comfy_output_fp32=false "
+                            f"(repeatable); names: {', '.join(_kl_setting_names())}")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
                        help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
                             "CPU-side output handling does not page-fault it in again every "
@@ -113,6 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
+    bench.set_defaults(parser=bench, run=_bench)
     report = sub.add_parser(
         "report", help="Markdown report + PNG plots from a bench JSON (needs matplotlib)",
         description="Writes OUT/README.md (environment, command, every row) and plots: time "
@@ -122,19 +208,32 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--crops-npz", default=None, metavar="PATH", help="bench --crops-npz")
     report.add_argument("--crops", dest="crops_dir", default=None, metavar="DIR",
                         help="bench --crops folder (when there is no .npz)")
-    report.add_argument("--out", default="docs/benchmark", help="folder for README.md + PNGs")
+    report.add_argument("--out", default=None,
+                        help="folder for README.md + PNGs (default: a new folder beside the "
+                             f"JSON, <json stem>{REPORT_SUFFIX}/, e.g. bench.json -> "
+                             f"bench{REPORT_SUFFIX}/)")
+    report.set_defaults(parser=report, run=_report)
     return parser
 
 
 def _report(args) -> int:
     from .report import write_report
+    from .results import read_json
 
+    _existing(args.json_path, "--json", "the JSON file that 'bench --json' wrote")
+    _existing(args.crops_npz, "--crops-npz", "the .npz file that 'bench --crops-npz' wrote")
+    _existing(args.crops_dir, "--crops", "the folder that 'bench --crops' wrote", folder=True)
     try:
-        readme = write_report(args.json_path, args.out, crops_npz=args.crops_npz,
+        read_json(args.json_path)
+    except (ValueError, TypeError, KeyError) as exc:  # not JSON, another schema, odd rows
+        raise UsageError(f"--json {args.json_path}: expected a 'bench --json' result file "
+                         f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    out = args.out if args.out is not None else default_report_dir(args.json_path)
+    try:
+        readme = write_report(args.json_path, str(out), crops_npz=args.crops_npz,
                               crops_dir=args.crops_dir)
     except RuntimeError as exc:  # matplotlib missing
-        print(f"report: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     print(f"wrote {readme}")
     return 0
 
@@ -154,38 +253,118 @@ def _quiet_diffusers() -> None:
 
 
 def _demo(args) -> int:
-    from .demo import DemoOptions, run_demo
+    from .demo import DemoOptions, output_size, run_demo
 
-    device = torch.device(args.device) if args.device else _default_device()
+    device = _device(args.device) or _default_device()
     dtype = _dtype(args.dtype) or _default_dtype(device)
+    try:
+        output_size(args.arch, args.size, device)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    _writable_place(args.out, "--out")
     run_demo(DemoOptions(device=device, dtype=dtype, size=args.size, out=args.out,
                          arch=args.arch, seed=args.seed, repeats=args.repeats))
     return 0
 
 
+def _kl_setting_names() -> list[str]:
+    from ..fastpath.families.kl.settings import KLSettings
+
+    return [f.name for f in dataclasses.fields(KLSettings)]
+
+
+def _kl_setting_values(name: str) -> dict[str, object] | None:
+    """The values ``--kl-setting NAME=`` takes, by their spelling; None for any integer."""
+    from ..fastpath.families.kl.settings import CHOICES, KLSettings
+
+    if name in CHOICES:
+        return {choice: choice for choice in CHOICES[name]}
+    annotation = str({f.name: f.type for f in dataclasses.fields(KLSettings)}[name])
+    if "bool" in annotation:
+        values: dict[str, object] = {"true": True, "false": False}
+        if "None" in annotation:
+            values["none"] = None
+        return values
+    if annotation == "int":
+        return None
+    raise TypeError(f"KLSettings.{name}: no choices declared for {annotation}")
+
+
 def _apply_kl_setting(item: str) -> None:
-    """Set one KL fast-path setting from NAME=VALUE, typed like the field's default."""
+    """Set one KL fast-path setting from NAME=VALUE; UsageError for an unknown name or value."""
     from ..fastpath.families.kl.settings import settings
 
+    names = _kl_setting_names()
     name, sep, text = item.partition("=")
-    if not sep or not hasattr(settings, name):
-        raise ValueError(f"--kl-setting expects NAME=VALUE with NAME one of "
-                         f"{', '.join(vars(settings))}; got {item!r}")
-    current = getattr(settings, name)
-    if isinstance(current, bool) or current is None:
-        value = {"true": True, "false": False, "none": None}.get(text.lower())
-        if value is None and text.lower() != "none":
-            raise ValueError(f"--kl-setting {name} takes true, false or none; got {text!r}")
-    elif isinstance(current, int):
-        value = int(text)
+    name = name.strip()
+    if not sep or name not in names:
+        raise UsageError(f"--kl-setting expects NAME=VALUE with NAME one of {', '.join(names)}; "
+                         f"got {item!r}")
+    values = _kl_setting_values(name)
+    text = text.strip()
+    if values is None:
+        try:
+            value = int(text)
+        except ValueError:
+            raise UsageError(f"--kl-setting {name} expects an integer; got {text!r}") from None
+    elif text.lower() in values:
+        value = values[text.lower()]
     else:
-        value = text
+        raise UsageError(f"--kl-setting {name} expects one of {', '.join(values)}; "
+                         f"got {text!r}")
     setattr(settings, name, value)
 
 
-def _bench(args, parser: argparse.ArgumentParser) -> int:
-    from .cases import CASES, select_cases
-    from .comfyui import ENV_VAR
+def _comfyui_tree(args):
+    """The ComfyUI tree to load (checked now, before any work), or None for diffusers."""
+    from .comfyui import ENV_VAR, comfyui_path
+
+    if args.no_comfyui:
+        return None
+    raw, source = args.comfyui, "--comfyui"
+    if raw is None:
+        raw, source = os.environ.get(ENV_VAR) or None, f"{ENV_VAR}="
+    if raw is None:
+        return None
+    try:
+        comfyui_path(raw)
+    except FileNotFoundError as exc:
+        hint = "" if source == "--comfyui" else "; --no-comfyui uses diffusers models instead"
+        raise UsageError(f"{source}{'' if source.endswith('=') else ' '}{raw}: {exc}{hint}"
+                         ) from None
+    return raw
+
+
+def _precisions(text: str) -> list[str]:
+    if text.strip() == "none":
+        return []
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [n for n in names if n not in DTYPES]
+    if unknown or not names:
+        raise UsageError(f"--precisions expects a comma-separated list of "
+                         f"{', '.join(sorted(DTYPES))}, or none; got {text!r}")
+    return names
+
+
+def _cases(args, device: torch.device | None):
+    """The cases to run: ``--cases``, else the full-size ones, or the tiny ones without a GPU
+    (the full-size cases take minutes each on a CPU)."""
+    from .cases import TINY_CASES, select_cases
+    from .run import log
+
+    try:
+        cases = select_cases(args.cases)
+    except ValueError as exc:
+        raise UsageError(f"--cases: {exc}") from None
+    if args.cases is None and (device or _default_device()).type == "cpu":
+        cases = select_cases(",".join(TINY_CASES))
+        log(f"no --cases and no CUDA device: running the small CPU cases {', '.join(TINY_CASES)} "
+            "(the default cases are GPU-sized; name them with --cases to run them anyway)")
+    return cases
+
+
+def _bench(args) -> int:
+    from .cases import CASES
 
     if args.list_cases:
         for case in CASES.values():
@@ -193,25 +372,25 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
         return 0
     from .run import BenchOptions, run_bench
 
-    comfyui = None if args.no_comfyui else (args.comfyui or os.environ.get(ENV_VAR) or None)
-    device = torch.device(args.device) if args.device else None
+    comfyui = _comfyui_tree(args)
+    device = _device(args.device)
     dtype = _dtype(args.dtype)
     if comfyui is None:
         device = device or _default_device()
         dtype = dtype or _default_dtype(device)
-    precisions = [] if args.precisions == "none" else [
-        p.strip() for p in args.precisions.split(",") if p.strip()]
+    precisions = _precisions(args.precisions)
     try:
-        cases = select_cases(args.cases)
+        comfyui_args = shlex.split(args.comfyui_args)
     except ValueError as exc:
-        parser.error(str(exc))
+        raise UsageError(f"--comfyui-args: expected ComfyUI flags as a shell would split them "
+                         f"({exc})") from None
     if args.report_dir and not args.json_path:
-        parser.error("--report needs --json (the report is made from the saved results)")
+        raise UsageError("--report needs --json (the report is made from the saved results)")
+    for flag, path in (("--json", args.json_path), ("--crops-npz", args.crops_npz)):
+        _writable_place(path, flag)
     for item in args.kl_setting:
-        try:
-            _apply_kl_setting(item)
-        except ValueError as exc:
-            parser.error(str(exc))
+        _apply_kl_setting(item)
+    cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()
     host_malloc = "system"
@@ -220,7 +399,7 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
 
         host_malloc = keep_freed_host_memory()
     options = BenchOptions(cases=cases, device=device, dtype=dtype,
-                           comfyui=comfyui, comfyui_args=shlex.split(args.comfyui_args),
+                           comfyui=comfyui, comfyui_args=comfyui_args,
                            repeats=args.repeats, warmup=args.warmup, burn_in_s=args.burn_in,
                            precisions=precisions, run_unsupported=args.run_unsupported,
                            seed=args.seed, json_path=args.json_path,
@@ -236,13 +415,15 @@ def _bench(args, parser: argparse.ArgumentParser) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # said by the subcommand, with its usage (argparse would use the top level's)
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _quiet_diffusers()
-    if args.command == "demo":
-        return _demo(args)
-    if args.command == "report":
-        return _report(args)
-    return _bench(args, parser)
+    try:
+        return args.run(args)
+    except UsageError as exc:
+        print(f"{args.parser.prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

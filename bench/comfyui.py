@@ -24,7 +24,8 @@ def comfyui_path(explicit: str | None = None) -> pathlib.Path | None:
         return None
     path = pathlib.Path(raw).expanduser().resolve()
     if not (path / "nodes.py").is_file() or not (path / "comfy").is_dir():
-        raise FileNotFoundError(f"{path} is not a ComfyUI tree (no nodes.py and comfy/ in it)")
+        raise FileNotFoundError(f"{path} is not a ComfyUI tree (expected a folder holding "
+                                "nodes.py and comfy/)")
     return path
 
 

@@ -116,6 +116,15 @@ def _diffusers_config(arch: str, tiny: bool) -> tuple[str, dict]:
         latents_mean=[0.0] * 48, latents_std=[1.0] * 48)
 
 
+def image_upscale(arch: str, tiny: bool = False) -> int:
+    """Output pixels per latent pixel, per side, of the image VAE ``arch`` (8; 2 for tiny)."""
+    arch, tiny = split_arch(arch, tiny)
+    if arch in VIDEO_ARCHS:
+        raise ValueError(f"{arch} is a video VAE; expected one of the image VAEs")
+    _, config = _diffusers_config(arch, tiny)
+    return 2 ** (len(config["block_out_channels"]) - 1)
+
+
 def diffusers_vae(arch: str, seed: int = 0, tiny: bool = False, dtype: torch.dtype | None = None,
                   device: str | torch.device | None = None) -> torch.nn.Module:
     """A diffusers VAE of ``arch`` (see ``ARCHS``) with seeded random weights, in eval mode."""

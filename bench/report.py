@@ -10,10 +10,9 @@ import math
 import pathlib
 import shlex
 
-from .results import CaseResult, read_json
+from .results import PSNR_BAR_DB, CaseResult, markdown_table, read_json
 
 DIFF_GAIN = 20  # |high - lossless| in 8-bit levels, times this: 1 level becomes visible
-PSNR_BAR_DB = 50.0  # TARGETS.md: high must stay at or above this against lossless
 MATPLOTLIB_MISSING = ("the report's plots need matplotlib: pip install matplotlib "
                       "(or the package's 'report' extra)")
 
@@ -42,61 +41,6 @@ def command_line(env: dict) -> str:
                                       for a in argv):
         line = f"COMFYUI_PATH={shlex.quote(str(env['comfyui']))} {line}"
     return line
-
-
-def _num(value: float | None, digits: int = 1) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
-
-
-def _ratio(value: float | None) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value:.2f}x"
-
-
-def _flag(value: bool | None) -> str:
-    return "—" if value is None else ("yes" if value else "**NO**")
-
-
-def _psnr(r: CaseResult) -> str:
-    if r.high_identical_to_lossless:
-        return "identical"
-    text = _num(r.psnr_high_vs_lossless_db)
-    if r.psnr_high_vs_lossless_db is not None and r.psnr_high_vs_lossless_db < PSNR_BAR_DB:
-        text = f"**{text}**"
-    return text if r.high_finite in (None, True) else f"{text} **NaN/Inf**"
-
-
-def _peak(r: CaseResult) -> str:
-    values = [r.peak_extra_mib.get(k) for k in ("stock", "lossless", "high")]
-    if all(v is None for v in values):
-        return "—"
-    return " / ".join(_num(v, 0) for v in values)
-
-
-COLUMNS = ("case", "precision", "back end", "dtype", "stock ms", "lossless ms", "high ms",
-           "lossless vs stock", "high vs stock", "high vs base stock", "PSNR high vs lossless dB",
-           "PSNR vs fp32: stock / high dB", "lossless bit-exact", "stock unchanged after install",
-           "peak extra MiB stock / lossless / high", "first high ms", "first-decode overhead ms",
-           "high path")
-
-
-def results_table(results: list[CaseResult]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
-    for r in results:
-        head = [r.case, r.precision or "as loaded", r.backend or "—"]
-        if r.skipped or r.error:
-            why = f"skipped: {r.skipped}" if r.skipped else f"error: {r.error}"
-            lines.append("| " + " | ".join(head + [""] * (len(COLUMNS) - 4) + [why]) + " |")
-            continue
-        cells = head + [
-            r.dtype or "—", _num(r.stock_ms), _num(r.lossless_ms), _num(r.high_ms),
-            _ratio(r.lossless_speedup), _ratio(r.high_speedup),
-            _ratio(r.high_speedup_vs_base_stock), _psnr(r),
-            f"{_num(r.psnr_stock_vs_fp32_db)} / {_num(r.psnr_high_vs_fp32_db)}",
-            _flag(r.lossless_bit_exact),
-            _flag(r.stock_bit_exact_after_install), _peak(r), _num(r.first_high_ms),
-            _num(r.first_high_overhead_ms), (r.high_path or "").replace("|", "/")]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 ENV_KEYS = (("gpu", "GPU"), ("device", "device"), ("torch", "torch"), ("triton", "Triton"),
@@ -137,7 +81,7 @@ def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
             "as stock is the accuracy evidence. Peak extra "
             "memory is what a decode allocates on top of weights and inputs (CUDA only). "
             "First-decode overhead = first high decode - median high decode.", "",
-            results_table(results), ""]
+            markdown_table(results), ""]
     if "time" in plots:
         out += ["## Decode time", "", f"![decode time per case]({plots['time']})", ""]
     if "psnr" in plots:

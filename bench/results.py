@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 SCHEMA = "fast_vae_decode.bench/1"
+PSNR_BAR_DB = 50.0  # TARGETS.md: high must stay at or above this against lossless
 
 
 @dataclass
@@ -83,57 +84,57 @@ def read_json(path: str) -> tuple[dict, list[CaseResult]]:
     return payload["environment"], [CaseResult(**row) for row in payload["results"]]
 
 
-def _ms(value: float | None) -> str:
-    return "—" if value is None or not math.isfinite(value) else f"{value:.1f}"
+def _num(value: float | None, digits: int = 1) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
 
 
-def _x(value: float | None) -> str:
-    return "" if value is None or not math.isfinite(value) else f" ({value:.2f}x)"
+def _ratio(value: float | None) -> str:
+    return "—" if value is None or not math.isfinite(value) else f"{value:.2f}x"
 
 
-def _db(r: CaseResult) -> str:
-    if r.high_identical_to_lossless:
-        return "identical"
-    return "—" if r.psnr_high_vs_lossless_db is None else f"{r.psnr_high_vs_lossless_db:.1f}"
-
-
-def _fp32(r: CaseResult) -> str:
-    if r.psnr_high_vs_fp32_db is None:
-        return "—"
-    stock = "—" if r.psnr_stock_vs_fp32_db is None else f"{r.psnr_stock_vs_fp32_db:.1f}"
-    return f"{stock} / {r.psnr_high_vs_fp32_db:.1f}"
-
-
-def _yes(value: bool | None) -> str:
+def _flag(value: bool | None) -> str:
     return "—" if value is None else ("yes" if value else "**NO**")
 
 
-def _mib(r: CaseResult) -> str:
+def _psnr(r: CaseResult) -> str:
+    if r.high_identical_to_lossless:
+        return "identical"
+    text = _num(r.psnr_high_vs_lossless_db)
+    if r.psnr_high_vs_lossless_db is not None and r.psnr_high_vs_lossless_db < PSNR_BAR_DB:
+        text = f"**{text}**"
+    return text if r.high_finite in (None, True) else f"{text} **NaN/Inf**"
+
+
+def _peak(r: CaseResult) -> str:
     values = [r.peak_extra_mib.get(k) for k in ("stock", "lossless", "high")]
     if all(v is None for v in values):
         return "—"
-    return " / ".join("—" if v is None else f"{v:.0f}" for v in values)
+    return " / ".join(_num(v, 0) for v in values)
 
 
-HEADER = ("| case | back end | dtype | stock ms | lossless ms | high ms | PSNR high vs lossless dB "
-          "| PSNR vs fp32 stock / high dB | lossless bit-exact | peak extra MiB stock / lossless / high "
-          "| first high +ms | path |")
+COLUMNS = ("case", "precision", "back end", "dtype", "stock ms", "lossless ms", "high ms",
+           "lossless vs stock", "high vs stock", "high vs base stock", "PSNR high vs lossless dB",
+           "PSNR vs fp32: stock / high dB", "lossless bit-exact", "stock unchanged after install",
+           "peak extra MiB stock / lossless / high", "first high ms", "first-decode overhead ms",
+           "high path")
 
 
 def markdown_table(results: list[CaseResult]) -> str:
-    lines = [HEADER, "|" + " --- |" * HEADER.count(" | ") + " --- |"]
+    """One row per result, as the bench prints it and the report shows it."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + " --- |" * len(COLUMNS)]
     for r in results:
+        head = [r.case, r.precision or "as loaded", r.backend or "—"]
         if r.skipped or r.error:
             why = f"skipped: {r.skipped}" if r.skipped else f"error: {r.error}"
-            lines.append(f"| {r.label} | {r.backend or '—'} | | | | | | | | | | {why} |")
+            lines.append("| " + " | ".join(head + [""] * (len(COLUMNS) - 4) + [why]) + " |")
             continue
-        exact = _yes(r.lossless_bit_exact)
-        if r.stock_bit_exact_after_install is False:
-            exact += " (stock changed after install!)"
-        base = _x(r.high_speedup_vs_base_stock).replace(")", " vs base stock)")
-        lines.append(
-            f"| {r.label} | {r.backend} | {r.dtype} | {_ms(r.stock_ms)} "
-            f"| {_ms(r.lossless_ms)}{_x(r.lossless_speedup)} | {_ms(r.high_ms)}{_x(r.high_speedup)}"
-            f"{base} | {_db(r)}{'' if r.high_finite in (None, True) else ' **NaN/Inf**'} "
-            f"| {_fp32(r)} | {exact} | {_mib(r)} | {_ms(r.first_high_overhead_ms)} | {r.high_path or ''} |")
+        cells = head + [
+            r.dtype or "—", _num(r.stock_ms), _num(r.lossless_ms), _num(r.high_ms),
+            _ratio(r.lossless_speedup), _ratio(r.high_speedup),
+            _ratio(r.high_speedup_vs_base_stock), _psnr(r),
+            f"{_num(r.psnr_stock_vs_fp32_db)} / {_num(r.psnr_high_vs_fp32_db)}",
+            _flag(r.lossless_bit_exact),
+            _flag(r.stock_bit_exact_after_install), _peak(r), _num(r.first_high_ms),
+            _num(r.first_high_overhead_ms), (r.high_path or "").replace("|", "/")]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ import contextlib
 import io
 import json
 import math
+import pathlib
 import subprocess
 import sys
 
@@ -49,6 +50,13 @@ def test_demo_writes_the_high_image(tmp_path):
                           "--out", str(target)])
     assert code == 0
     assert "lossless:" in text and "high:" in text and "PSNR high vs lossless" in text
+    assert "random weights" in text and "coloured noise" in text  # why the picture is noise
+    (did,) = [line for line in text.splitlines() if line.startswith("On this machine high")]
+    if "[fallback: " in text:  # stock path (no Triton, no GPU): the node's reason is given
+        reason = text.split("[fallback: ", 1)[1].split("]", 1)[0]
+        assert "fell back to the stock path" in did and reason in did
+    else:
+        assert "ran the fast path" in did
     header = target.read_bytes()[:11]
     assert header == b"P6\n32 32\n255\n"[:11]
     assert target.stat().st_size == len(b"P6\n32 32\n255\n") + 32 * 32 * 3
@@ -78,7 +86,7 @@ def test_bench_writes_json_with_every_field(kl_bench):
         assert len(row["times_ms"][decode]) == 1
         assert row[f"{decode}_ms"] > 0
     assert row["output_shape"] == [1, 3, 16, 16]
-    assert "| tiny-sdxl | diffusers | float32 |" in text  # the Markdown table row
+    assert "| tiny-sdxl | as loaded | diffusers | float32 |" in text  # the Markdown table row
     _, (result,) = read_json(str(path))  # what a later report reads back
     assert result.label == "tiny-sdxl" and result.lossless_ms == row["lossless_ms"]
 
@@ -118,9 +126,8 @@ def test_bench_video_case_with_a_precision_row(tmp_path, monkeypatch):
 def test_bench_lists_cases_and_rejects_unknown_ones():
     code, text = run_cli(["bench", "--list-cases"])
     assert code == 0 and "sdxl-1024" in text and "wan22-704p-33" in text
-    with pytest.raises(SystemExit) as exit_info:  # argparse's usage error, before any work
-        run_cli(["bench", "--cases", "sdxl-4096", *QUICK])
-    assert exit_info.value.code == 2
+    code, _ = run_cli(["bench", "--cases", "sdxl-4096", *QUICK])  # one line, before any work
+    assert code == 2
 
 
 def test_running_the_checkout_by_path_finds_the_package():
@@ -160,3 +167,145 @@ def test_bench_burns_in_on_the_first_case_only(monkeypatch):
     # Each case times stock once, plus one stock decode after install; the first case also
     # burned in (at least one untimed decode).
     assert built[0]["stock"] > built[1]["stock"] >= 2
+
+
+# --- user mistakes: one line naming what was expected, exit status 2, no traceback ------------
+
+
+def _one_line_error(capsys, argv: list[str]) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_report_of_a_missing_json_says_which_file(tmp_path, capsys):
+    err = _one_line_error(capsys, ["report", "--json", str(tmp_path / "missing.json")])
+    assert err.startswith("python -m fast_vae_decode report: error: --json ")
+    assert "missing.json: no such file" in err and "bench --json" in err
+
+
+def test_report_of_a_json_that_is_not_a_bench_result(tmp_path, capsys):
+    path = tmp_path / "other.json"
+    path.write_text('{"schema": "something else"}')
+    err = _one_line_error(capsys, ["report", "--json", str(path)])
+    assert "expected a 'bench --json' result file" in err
+
+
+def test_demo_on_cuda_without_a_gpu(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = _one_line_error(capsys, ["demo", "--device", "cuda"])
+    assert "no CUDA GPU" in err and "--device cpu" in err
+    err = _one_line_error(capsys, ["demo", "--device", "gpu0"])
+    assert "--device expects cpu, cuda or cuda:N" in err
+
+
+def test_demo_size_must_fit_the_vae(capsys):
+    err = _one_line_error(capsys, ["demo", "--size", "100", "--device", "cpu"])
+    assert "--size expects a positive multiple of 8 for sdxl" in err and "got 100" in err
+
+
+def test_demo_out_in_a_missing_folder(tmp_path, capsys):
+    err = _one_line_error(capsys, ["demo", "--device", "cpu", "--arch", "tiny_sdxl",
+                                   "--out", str(tmp_path / "nowhere" / "x.png")])
+    assert "--out" in err and "does not exist" in err
+
+
+def test_bench_with_a_comfyui_path_that_is_not_a_tree(tmp_path, capsys, monkeypatch):
+    err = _one_line_error(capsys, ["bench", "--comfyui", str(tmp_path / "nowhere")])
+    assert "--comfyui" in err and "is not a ComfyUI tree (expected a folder holding nodes.py" in err
+    monkeypatch.setenv("COMFYUI_PATH", str(tmp_path))
+    err = _one_line_error(capsys, ["bench"])
+    assert f"COMFYUI_PATH={tmp_path}:" in err and "--no-comfyui" in err
+
+
+def test_bench_rejects_unknown_precisions(capsys):
+    err = _one_line_error(capsys, ["bench", "--precisions", "fp8", *QUICK])
+    assert "--precisions expects" in err and "'fp8'" in err
+
+
+@pytest.mark.parametrize("item, expected", [
+    ("attention=flash", "--kl-setting attention expects one of auto, chunked, sdpa"),
+    ("upsample=bicubic", "--kl-setting upsample expects one of transposed, subpixel, stock"),
+    ("comfy_output_fp32=none", "--kl-setting comfy_output_fp32 expects one of true, false;"),
+    ("chunked_min_tokens=many", "--kl-setting chunked_min_tokens expects an integer"),
+    ("atention=sdpa", "--kl-setting expects NAME=VALUE with NAME one of attention,"),
+    ("attention", "--kl-setting expects NAME=VALUE"),
+])
+def test_kl_setting_rejects_an_unknown_name_or_value(item, expected, capsys):
+    from fast_vae_decode.fastpath.families.kl.settings import KLSettings, settings
+
+    err = _one_line_error(capsys, ["bench", "--kl-setting", item, *QUICK])
+    assert expected in err
+    assert settings == KLSettings()  # nothing was changed
+
+
+def test_kl_setting_takes_the_declared_values(monkeypatch):
+    from fast_vae_decode.bench.cli import _apply_kl_setting
+    from fast_vae_decode.fastpath.families.kl.settings import settings
+
+    for name in ("attention", "upsample", "cudnn_benchmark", "chunked_min_tokens"):
+        monkeypatch.setattr(settings, name, getattr(settings, name))  # restored after the test
+    _apply_kl_setting("attention=sdpa")
+    _apply_kl_setting("upsample=SUBPIXEL")
+    _apply_kl_setting("cudnn_benchmark=none")
+    _apply_kl_setting("chunked_min_tokens=4096")
+    assert (settings.attention, settings.upsample) == ("sdpa", "subpixel")
+    assert settings.cudnn_benchmark is None and settings.chunked_min_tokens == 4096
+
+
+@pytest.mark.parametrize("argv, usage", [
+    (["bench", "--bogus"], "usage: python -m fast_vae_decode bench "),
+    (["demo", "--size", "big"], "usage: python -m fast_vae_decode demo "),
+    (["report"], "usage: python -m fast_vae_decode report "),
+])
+def test_argparse_errors_show_the_subcommands_usage(argv, usage, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(usage), err
+    assert err.strip().splitlines()[-1].startswith(f"{usage.split(': ', 1)[1].strip()}: error:")
+
+
+def test_the_entry_point_says_a_mistake_without_a_traceback(tmp_path):
+    result = subprocess.run([sys.executable, str(REPO), "report", "--json",
+                             str(tmp_path / "missing.json")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "no such file" in result.stderr and result.stdout == ""
+
+
+# --- defaults that depend on the machine or on where files go ---------------------------------
+
+
+def test_bench_without_cases_on_a_cpu_runs_the_tiny_cases(monkeypatch):
+    from fast_vae_decode.bench import run as bench_run
+    from fast_vae_decode.bench.cases import TINY_CASES
+
+    seen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(bench_run, "run_bench", lambda options: seen.append(options) or [])
+    code, text = run_cli(["bench", "--no-comfyui", "--host-malloc", "system",
+                          "--triton-cache", "keep"])
+    assert code == 0
+    assert [c.name for c in seen[0].cases] == list(TINY_CASES) and TINY_CASES
+    (said,) = [line for line in text.splitlines() if "no --cases" in line]
+    assert all(name in said for name in TINY_CASES) and "GPU-sized" in said
+    code, text = run_cli(["bench", "--no-comfyui", "--cases", "sdxl-1024", "--host-malloc",
+                          "system", "--triton-cache", "keep"])
+    assert code == 0 and [c.name for c in seen[1].cases] == ["sdxl-1024"]
+    assert "no --cases" not in text
+
+
+def test_demo_writes_outside_the_source_tree_by_default(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # one help line per option: no wrapped words
+    from fast_vae_decode.bench.cli import build_parser
+
+    out = pathlib.Path(build_parser().parse_args(["demo"]).out).resolve()
+    assert not out.is_relative_to(REPO.resolve()), out
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert out.name in capsys.readouterr().out  # --help shows where it goes

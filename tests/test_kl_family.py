@@ -16,6 +16,7 @@ import math
 import pytest
 import torch
 
+from fast_vae_decode.bench.models import init_weights_
 from fast_vae_decode.fastpath import cache, install
 from fast_vae_decode.fastpath.families.kl import install as kl
 from fast_vae_decode.fastpath.families.kl import ops as kl_ops
@@ -39,20 +40,8 @@ REL_TOL = 1e-4
 
 
 def _init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Seeded fan-in scaled normal weights, small biases, norms at 1/0 (as real VAEs are)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in model.modules():
-            is_norm = isinstance(module, (torch.nn.GroupNorm, torch.nn.BatchNorm2d))
-            for name, p in module.named_parameters(recurse=False):
-                if is_norm:
-                    v = torch.zeros(p.shape) if name == "bias" else torch.ones(p.shape)
-                elif p.ndim < 2:
-                    v = torch.randn(p.shape, generator=gen) * 0.01
-                else:
-                    v = torch.randn(p.shape, generator=gen) / math.sqrt(p[0].numel())
-                p.copy_(v.to(p.dtype))
-    return model.eval().requires_grad_(False)
+    """Seeded fan-in scaled normal weights, small biases, norms at 1/0 (bench.models)."""
+    return init_weights_(model, seed).eval().requires_grad_(False)
 
 
 def _config(latent: int = 4, blocks=(32, 64), groups: int = 8, **extra) -> dict:

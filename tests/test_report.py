@@ -6,11 +6,13 @@ One tiny bench run feeds the crop and report checks; the plot checks skip withou
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
+from conftest import REPO
 from test_cli import QUICK, run_cli
 
 from fast_vae_decode.bench.cli import main
@@ -112,8 +114,8 @@ def test_bench_writes_the_report_itself(tmp_path):
 
 
 def test_bench_report_needs_json(tmp_path):
-    with pytest.raises(SystemExit):
-        run_cli(["bench", "--cases", "tiny-sdxl", "--report", str(tmp_path), *QUICK])
+    code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--report", str(tmp_path), *QUICK])
+    assert code == 2
 
 
 def test_report_plots_precision_rows_and_skipped_cases(tmp_path):
@@ -133,3 +135,35 @@ def test_report_without_matplotlib_says_what_to_install(tmp_path, monkeypatch, c
     code = main(["report", "--json", str(tmp_path / "b.json"), "--out", str(tmp_path / "out")])
     assert code == 2
     assert "pip install matplotlib" in capsys.readouterr().err
+
+
+def _tracked_state() -> str:
+    """git's view of every tracked file in the checkout (empty when all are unchanged)."""
+    result = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain",
+                             "--untracked-files=no"], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        pytest.skip("not a git checkout")
+    return result.stdout
+
+
+def test_report_without_out_writes_beside_the_json_only(tmp_path, monkeypatch):
+    """The committed docs/benchmark report is never the default target."""
+    pytest.importorskip("matplotlib", reason="plots need matplotlib (the 'report' extra)")
+    committed = {p: p.read_bytes() for p in (REPO / "docs").rglob("*") if p.is_file()}
+    before = _tracked_state()
+    write_json(str(tmp_path / "small.json"), {"argv": ["bench"]}, _synthetic_results())
+    monkeypatch.chdir(REPO)  # where the old default, docs/benchmark, was the committed report
+    code, text = run_cli(["report", "--json", str(tmp_path / "small.json")])
+    assert code == 0
+    readme = tmp_path / "small-report" / "README.md"
+    assert readme.is_file() and str(readme) in text
+    assert "| wan21-480p-33 | as loaded |" in readme.read_text()
+    assert _tracked_state() == before
+    assert {p: p.read_bytes() for p in (REPO / "docs").rglob("*") if p.is_file()} == committed
+
+
+def test_report_help_shows_the_default_folder(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "300")  # one help line per option: no wrapped words
+    with pytest.raises(SystemExit):
+        main(["report", "--help"])
+    assert "<json stem>-report/" in capsys.readouterr().out

@@ -41,8 +41,10 @@ class KLSettings:
 
 settings = KLSettings()
 
+# The values each text field takes; the bench's ``--kl-setting NAME=VALUE`` rejects others.
 ATTENTION_MODES = ("auto", "chunked", "sdpa")
 UPSAMPLE_MODES = ("transposed", "subpixel", "stock")
+CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES, "upsample": UPSAMPLE_MODES}
 
 
 @contextlib.contextmanager
