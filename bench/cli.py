@@ -190,6 +190,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a KL fast-path setting (fastpath/families/kl/settings.py) "
                             "for this run, e.g. attention=sdpa or comfy_output_fp32=false "
                             f"(repeatable); names: {', '.join(_kl_setting_names())}")
+    bench.add_argument("--pixel-finish", choices=("pack", "comfyui"), default="pack",
+                       help="pack (default): decoded pixels finished on the GPU and copied to "
+                            "host memory once by this pack; comfyui: ComfyUI's own VAE.decode "
+                            "output handling (to measure what the pack's still gains)")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
                        help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
                             "CPU-side output handling does not page-fault it in again every "
@@ -390,6 +394,10 @@ def _bench(args) -> int:
         _writable_place(path, flag)
     for item in args.kl_setting:
         _apply_kl_setting(item)
+    if args.pixel_finish == "comfyui":
+        from ..fastpath.pixels.decode import pixel_settings
+
+        pixel_settings.device_finish = False
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()

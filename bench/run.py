@@ -257,6 +257,9 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     info["triton_unavailable"] = triton_unavailable_reason()
     info["host_malloc"] = options.host_malloc
     info["commit"] = _commit()
+    from ..fastpath.pixels.decode import pixel_settings
+
+    info["pixel_finish"] = "pack" if pixel_settings.device_finish else "comfyui"
     if options.comfyui is not None:
         from .comfyui import memory_mode
 

@@ -11,6 +11,7 @@ tiled retry.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import torch
 
@@ -19,12 +20,26 @@ from ..log import log_once
 from .finish import FrameStream, finish_pixels
 from .frames import frames_to
 
+
+@dataclass
+class PixelSettings:
+    """How decoded pixels reach host memory; flipped by the benchmark to measure the choice."""
+
+    # The pack finishes pixels on the GPU and copies them once (Wan 2.1 frames stream while the
+    # decoder runs); False leaves the output handling to ComfyUI's own ``VAE.decode``.
+    device_finish: bool = True
+
+
+pixel_settings = PixelSettings()
+
 _VAE_ATTRS = ("first_stage_model", "patcher", "device", "output_device", "vae_dtype",
               "process_output", "memory_used_decode")
 
 
 def device_finish_reason(vae: object, latent: torch.Tensor) -> str | None:
     """Why ``decode_pixels`` hands ``latent`` to ``vae.decode`` unchanged (None: it does not)."""
+    if not pixel_settings.device_finish:
+        return "the pack's pixel finish is turned off (pixel_settings.device_finish)"
     missing = [a for a in _VAE_ATTRS if not hasattr(vae, a)]
     if missing:
         return f"not a comfy.sd.VAE (no {', '.join(missing)})"
