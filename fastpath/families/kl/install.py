@@ -86,7 +86,7 @@ def comfy_resnet_reason(m) -> str | None:
         shortcut = (conv_static_reason(m.conv_shortcut, 3, 1) if m.use_conv_shortcut
                     else conv_static_reason(m.nin_shortcut, 1, 0))
     return first_reason(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
-                  conv_static_reason(m.conv2, 3, 1), shortcut)
+                        conv_static_reason(m.conv2, 3, 1), shortcut)
 
 
 def diffusers_resnet_reason(m) -> str | None:
@@ -102,12 +102,12 @@ def diffusers_resnet_reason(m) -> str | None:
         return "conv2 output differs from the block's"
     shortcut = None if m.conv_shortcut is None else conv_static_reason(m.conv_shortcut, 1, 0)
     return first_reason(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
-                  conv_static_reason(m.conv2, 3, 1), shortcut)
+                        conv_static_reason(m.conv2, 3, 1), shortcut)
 
 
 def comfy_attn_reason(m) -> str | None:
     return first_reason(_norms_reason(m.norm),
-                  *(conv_static_reason(c, 1, 0) for c in (m.q, m.k, m.v, m.proj_out)))
+                        *(conv_static_reason(c, 1, 0) for c in (m.q, m.k, m.v, m.proj_out)))
 
 
 def diffusers_attention_reason(m) -> str | None:
@@ -176,7 +176,7 @@ def comfy_decoder_reason(d) -> str | None:
     if reason is not None:
         return reason
     return first_reason(_norms_reason(d.norm_out), conv_static_reason(d.conv_in, 3, 1),
-                  conv_static_reason(d.conv_out, 3, 1))
+                        conv_static_reason(d.conv_out, 3, 1))
 
 
 def diffusers_decoder_reason(d) -> str | None:
@@ -199,7 +199,7 @@ def diffusers_decoder_reason(d) -> str | None:
     if reason is not None:
         return reason
     return first_reason(_norms_reason(d.conv_norm_out), conv_static_reason(d.conv_in, 3, 1),
-                  conv_static_reason(d.conv_out, 3, 1))
+                        conv_static_reason(d.conv_out, 3, 1))
 
 
 # stock class name -> (reason function, fused mixin, norm attributes to swap)
