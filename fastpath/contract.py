@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 
 from .gate import Gate
+from .reasons import most_common
 
 
 @dataclass
@@ -34,15 +35,15 @@ class InstallReport:
             return f"not installed: {self.reason or 'no module could be fused'}"
         text = f"{self.family}: {self.fused} fused modules"
         if self.skipped:
-            text += f", {len(self.skipped)} left stock ({_most_common(self.skipped.values())})"
+            text += f", {len(self.skipped)} left stock ({most_common(self.skipped.values())})"
         return text
 
-
-def _most_common(reasons) -> str:
-    counts: dict[str, int] = {}
-    for r in reasons:
-        counts[r] = counts.get(r, 0) + 1
-    return max(counts, key=counts.get)
+    def record(self, path: str, reason: str | None) -> None:
+        """One module's outcome: fused (no reason), or left stock for ``reason``."""
+        if reason is None:
+            self.fused += 1
+        else:
+            self.skipped[path] = reason
 
 
 @dataclass(frozen=True)

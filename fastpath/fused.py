@@ -16,16 +16,6 @@ from .comfyui.weights import STREAMED, weights_for_call
 from .log import log_once, say
 from .prewarm import tiny_input, warm_up
 
-
-def weights_off_device(module: torch.nn.Module, device: torch.device) -> bool:
-    """True when a direct parameter of ``module`` is not on ``device``.
-
-    ComfyUI's low-VRAM modes leave weights on the CPU and cast/stream them inside the stock
-    ``forward``; the fast path reads weights directly, so it must step aside there.
-    """
-    return any(p.device != device for p in module.parameters(recurse=True))
-
-
 DISABLED = "fast path disabled after a kernel error"
 
 

@@ -16,7 +16,7 @@ from . import families as _builtin_families  # noqa: F401  (each family register
 from .contract import Family, InstallReport, register_family, registered_families, unregister_family
 from .fused import arm_prewarm
 from .gate import gate_for
-from .log import log_once
+from .log import say
 
 __all__ = ["Family", "InstallReport", "register_family", "unregister_family", "families",
            "find_family", "install_fast_path", "install_report"]
@@ -60,7 +60,9 @@ def install_fast_path(model: torch.nn.Module) -> InstallReport:
             if report.fused:
                 arm_prewarm(gate_for(model), model)
         _REPORTS[model] = report
-        log_once(f"install:{id(model)}", f"{type(model).__name__}: {report.summary()}")
+        # Unkeyed: this branch runs once per model (the report is kept), and an id() key would
+        # silence a later model at a freed one's address.
+        say(f"{type(model).__name__}: {report.summary()}")
         return report
 
 

@@ -18,6 +18,8 @@ from typing import Callable
 
 import torch
 
+from .swap import stock_class
+
 # Set on a model or its modules by ComfyUI's ModelPatcher (both supported trees); a copy must
 # start unloaded, so its own patcher sets them afresh.
 PATCHER_ATTRS = frozenset({
@@ -47,16 +49,12 @@ def _copy_value(value):
     return value
 
 
-def _stock_class(module: torch.nn.Module) -> type:
-    return type(module).__dict__.get("_fvd_stock_class", type(module))
-
-
 def clone_module(module: torch.nn.Module,
                  make_tensor: Callable[[str, torch.Tensor], torch.Tensor],
                  share: Callable[[str], bool] = lambda path: False,
                  prefix: str = "") -> torch.nn.Module:
     """A copy of ``module`` whose parameters/buffers are ``make_tensor(path, t)``."""
-    cls = _stock_class(module)
+    cls = stock_class(module)
     new = cls.__new__(cls)
     attrs = {}
     for key, value in module.__dict__.items():

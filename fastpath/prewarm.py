@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ..kernels.backend import compile_launch, on_device, recording_launches, triton, variant_key
-from .log import log_once
+from .log import say
 
 MAX_WORKERS = 8
 # Only GPUs compile; tests add "cpu" to run the same code under TRITON_INTERPRET.
@@ -98,8 +98,9 @@ def warm_up(gate, x: object) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ms = (time.perf_counter() - start) * 1e3
-    log_once(f"prewarm:{id(gate)}", f"kernel warm-up: {len(variants)} kernel variants of "
-             f"{len(jobs)} modules in {ms:.0f} ms"
-             + (f" ({len(failures)} skipped: {failures[0]})" if failures else ""))
+    # Unkeyed: a gate is armed once (at install) and disarmed above, so this runs once per gate;
+    # an id() key would silence a later gate at a freed one's address.
+    say(f"kernel warm-up: {len(variants)} kernel variants of {len(jobs)} modules in {ms:.0f} ms"
+        + (f" ({len(failures)} skipped: {failures[0]})" if failures else ""))
     for failure in failures:
         _LOG.debug("warm-up skipped %s", failure)

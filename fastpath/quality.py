@@ -14,6 +14,7 @@ from ..kernels.backend import triton_unavailable_reason
 from .gate import RunStats, decoder_models, gates_opened
 from .install import install_fast_path
 from .log import log_once
+from .reasons import most_common
 
 QUALITIES = ("high", "lossless")
 DEFAULT_QUALITY = "high"
@@ -36,7 +37,7 @@ class DecodeOutcome:
         if self.path == "high":
             text = f"high: {self.fused_modules} fused modules"
             if self.fallbacks:
-                text += f" ({sum(self.fallbacks.values())} stock calls: {_top(self.fallbacks)})"
+                text += f" ({sum(self.fallbacks.values())} stock calls: {most_common(self.fallbacks)})"
             return text
         if self.path == "fallback":
             return f"fallback: {self.reason}"
@@ -45,10 +46,6 @@ class DecodeOutcome:
     def as_ui(self) -> dict:
         return {"path": self.path, "quality": self.quality, "fused": self.fused_modules,
                 "ms": round(self.ms, 1), "reason": self.reason or "", "text": self.text()}
-
-
-def _top(counts: dict[str, int]) -> str:
-    return max(counts, key=counts.get)
 
 
 def check_quality(quality: str) -> str:
@@ -113,5 +110,5 @@ def _classify(outcome: DecodeOutcome, stats: list[RunStats]) -> None:
         for reason, n in s.fallbacks.items():
             outcome.fallbacks[reason] = outcome.fallbacks.get(reason, 0) + n
     if outcome.reason is None and fused_calls == 0:
-        outcome.reason = _top(outcome.fallbacks) if outcome.fallbacks else "no fused module ran"
+        outcome.reason = most_common(outcome.fallbacks) if outcome.fallbacks else "no fused module ran"
     outcome.path = "fallback" if outcome.reason is not None else "high"

@@ -5,11 +5,19 @@ diffusers and still recognises a module whose class was swapped for a fused subc
 """
 from __future__ import annotations
 
+from .swap import stock_class
+
 WAN_VAE_CLASSES = (
     "comfy.ldm.wan.vae.WanVAE",  # Wan 2.1, Qwen-Image
     "comfy.ldm.wan.vae2_2.WanVAE",  # Wan 2.2 (48 latent channels)
     "diffusers.models.autoencoders.autoencoder_kl_wan.AutoencoderKLWan",
 )
+
+
+def stock_class_name(obj: object) -> str:
+    """``module.QualName`` of ``obj``'s own class (its stock class once swapped)."""
+    cls = stock_class(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def class_names(obj: object) -> set[str]:

@@ -31,8 +31,18 @@ def fused_class(mixin: type, base: type) -> type:
         return cls
 
 
+def swapped_stock_class(module: object) -> type | None:
+    """The stock class a swapped module came from; None for a module that was never swapped."""
+    return type(module).__dict__.get("_fvd_stock_class")
+
+
+def stock_class(module: object) -> type:
+    """``module``'s stock class: the one it came from once swapped, else its own."""
+    return swapped_stock_class(module) or type(module)
+
+
 def is_swapped(module: torch.nn.Module) -> bool:
-    return "_fvd_stock_class" in type(module).__dict__
+    return swapped_stock_class(module) is not None
 
 
 def swap_in(module: torch.nn.Module, mixin: type, **attrs) -> bool:
@@ -42,7 +52,7 @@ def swap_in(module: torch.nn.Module, mixin: type, **attrs) -> bool:
     a second install) keeps it and gets ``attrs`` again, so a copy's modules follow the copy's
     own gate; False when the module carries another fused class.
     """
-    stock = type(module).__dict__.get("_fvd_stock_class")
+    stock = swapped_stock_class(module)
     if stock is not None and type(module) is not fused_class(mixin, stock):
         return False
     if stock is None:
@@ -53,10 +63,8 @@ def swap_in(module: torch.nn.Module, mixin: type, **attrs) -> bool:
     return True
 
 
-def swap_out(module: torch.nn.Module) -> bool:
-    """Restore the stock class (used by tests and by uninstall)."""
-    stock = type(module).__dict__.get("_fvd_stock_class")
-    if stock is None:
-        return False
-    module.__class__ = stock
-    return True
+def swap_reason(module: torch.nn.Module, mixin: type, **attrs) -> str | None:
+    """``swap_in``, with the reason it did not happen (None when ``module`` has ``mixin`` now)."""
+    if swap_in(module, mixin, **attrs):
+        return None
+    return f"already carries another fused class ({type(module).__name__})"

@@ -22,33 +22,17 @@ from __future__ import annotations
 
 import torch
 
-from .backend import launch, on_device, tl, triton, triton_unavailable_reason
+from .accepts import Accepts, autograd_reason, channels_inner_dense, pow2, same_layout
+from .backend import launch, on_device, tl, triton
 
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 TILE_ELEMENTS = 4096
 NUM_WARPS = 4
 MAX_BLOCK_C = 8192
 # The kernel has one pointer argument per addend; more would need a variadic kernel.
 MAX_ADDENDS = 2
 
-
-def _pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
-def _channels_inner_dense(x: torch.Tensor) -> bool:
-    # is_contiguous ignores the strides of size-1 dims: batch-1 slices along T pass.
-    return x.dim() >= 2 and x.movedim(1, -1).is_contiguous()
-
-
-def _same_layout(t: torch.Tensor, out: torch.Tensor) -> bool:
-    """Same shape and strides on every dim of size > 1 (the only strides that place elements).
-
-    Then a channels-inner-dense ``out`` makes ``t`` one too, and both share the kernel's offsets.
-    """
-    return t.shape == out.shape and all(
-        size == 1 or t.stride(d) == out.stride(d) for d, size in enumerate(out.shape)
-    )
+# What the kernel takes as ``out`` (``bias_residual_add_unsupported`` asks this).
+BIAS_RESIDUAL_ADD = Accepts(min_rank=2, layout=channels_inner_dense, max_block_c=MAX_BLOCK_C)
 
 
 def bias_residual_add_reference(
@@ -61,7 +45,8 @@ def bias_residual_add_reference(
     """``out + addends... + bias (+ residual)`` in fp32 in that order, rounded once to out.dtype,
     in out's layout (new tensor).
 
-    The fallback of ``bias_residual_add_`` and its test oracle.
+    The test oracle of ``bias_residual_add_`` (where the kernel declines, callers add with
+    torch's own ops).
     """
     y = out.float()
     for a in addends:
@@ -81,18 +66,10 @@ def bias_residual_add_unsupported(
     addends: tuple[torch.Tensor, ...] = (),
 ) -> str | None:
     """Why ``bias_residual_add_`` cannot take these tensors (short, for the log); None if it can."""
-    reason = triton_unavailable_reason(out)
+    reason = BIAS_RESIDUAL_ADD.tensor_reason(out) or BIAS_RESIDUAL_ADD.channels_reason(out.shape[1])
     if reason is not None:
         return reason
-    if out.dtype not in _DTYPES:
-        return f"dtype {out.dtype}"
-    if out.numel() == 0:
-        return "empty tensor"
-    if not _channels_inner_dense(out):
-        return "not channels-last"
     c = out.shape[1]
-    if _pow2(c) > MAX_BLOCK_C:
-        return f"{c} channels is too wide for one tile"
     if not isinstance(addends, (tuple, list)):
         return f"addends is {type(addends).__name__}, not a tuple"
     if len(addends) > MAX_ADDENDS:
@@ -103,17 +80,16 @@ def bias_residual_add_unsupported(
         if bias.numel() != c or bias.device != out.device or not bias.is_floating_point():
             return "bias does not match the output's channels/device"
     if residual is not None:
-        if (not _same_layout(residual, out)
+        if (not same_layout(residual, out)
                 or residual.dtype != out.dtype or residual.device != out.device):
             return "residual differs from the output in shape, layout, dtype or device"
     for i, a in enumerate(addends):
-        if (not isinstance(a, torch.Tensor) or not _same_layout(a, out)
+        if (not isinstance(a, torch.Tensor) or not same_layout(a, out)
                 or a.dtype != out.dtype or a.device != out.device):
             return f"addend {i} differs from the output in shape, layout, dtype or device"
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (out, bias, residual, *addends)
-    ):
-        return "autograd (the kernel has no backward)"
+    reason = autograd_reason(out, bias, residual, *addends)
+    if reason is not None:
+        return reason
     if torch.compiler.is_compiling():
         return "torch.compile tracing"
     return None
@@ -144,7 +120,7 @@ def bias_residual_add_(
     if bias_residual_add_unsupported(out, bias, residual, addends=addends) is not None:
         return None
     c = out.shape[1]
-    block_c = _pow2(c)
+    block_c = pow2(c)
     block_p = max(1, TILE_ELEMENTS // block_c)
     rows = out.numel() // c
     bias_arg = out if bias is None else bias.contiguous()

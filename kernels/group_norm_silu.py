@@ -34,9 +34,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .backend import launch, on_device, tl, triton, triton_unavailable_reason
-
-_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+from .accepts import Accepts, autograd_reason, channels_last_4d, pow2
+from .backend import launch, on_device, tl, triton
 
 # Tuning knobs, chosen on paper for an H200 (ptxas for sm_90, bf16): a 4096-element stats tile
 # with 4 warps uses 96 registers per thread (two fp32 Welford accumulators per element), so 5
@@ -53,14 +52,16 @@ MAX_BLOCK_C = 8192
 # Groups of a width that is not a power of two are combined through a [groups, channels] mask.
 MAX_GROUP_MASK = 32768
 
+# What the kernel takes (``group_norm_silu_unsupported`` and ``fastpath``'s install-time check
+# both ask this). Per-sample offsets are int64, but a tile's pixel index is int32.
+GROUP_NORM_SILU = Accepts(min_rank=4, max_rank=4, layout=channels_last_4d,
+                          max_block_c=MAX_BLOCK_C, max_group_mask=MAX_GROUP_MASK,
+                          max_pixels=2**30)
+
 
 def _is_compiling() -> bool:
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)
     return bool(is_compiling()) if is_compiling is not None else False
-
-
-def _is_channels_last(x: torch.Tensor) -> bool:
-    return x.dim() == 4 and x.permute(0, 2, 3, 1).is_contiguous()
 
 
 def group_norm_silu_reference(
@@ -73,7 +74,8 @@ def group_norm_silu_reference(
 ) -> torch.Tensor:
     """GroupNorm (+ SiLU) in plain torch: statistics in fp32, result in x.dtype, x's memory format.
 
-    The fallback of ``group_norm_silu`` and its test oracle; takes any rank >= 2 and any strides.
+    The test oracle of ``group_norm_silu`` (not a fallback: where the kernel declines, the
+    caller runs the stock module); takes any rank >= 2 and any strides.
     """
     n, c = x.shape[:2]
     xf = x.float()
@@ -87,7 +89,7 @@ def group_norm_silu_reference(
         y = y.add_(bias.to(device=x.device, dtype=torch.float32).reshape(shape))
     if silu:
         y = F.silu(y, inplace=True)
-    fmt = torch.channels_last if _is_channels_last(x) else torch.contiguous_format
+    fmt = torch.channels_last if channels_last_4d(x) else torch.contiguous_format
     return y.to(dtype=x.dtype, memory_format=fmt)
 
 
@@ -104,10 +106,6 @@ class GroupNormSiLUConfig(NamedTuple):
     finalize_warps: int
 
 
-def _pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 @functools.lru_cache(maxsize=None)
 def _sm_count(device: torch.device) -> int:
     if device.type == "cuda":
@@ -120,7 +118,7 @@ def group_norm_silu_config(
     n: int, c: int, hw: int, num_groups: int, sm_count: int
 ) -> GroupNormSiLUConfig:
     """The default launch parameters for an (n, c, h*w) problem on a GPU with ``sm_count`` SMs."""
-    stats_c = _pow2(c)
+    stats_c = pow2(c)
     stats_block_p = max(1, STATS_TILE_ELEMENTS // stats_c)
     # Enough programs to fill the GPU at batch 1; more only add partials for pass 2 to combine.
     stats_programs = max(1, (STATS_PROGRAMS_PER_SM * sm_count) // max(1, n))
@@ -130,7 +128,7 @@ def group_norm_silu_config(
         # The [groups, channels] membership mask spills at 4 warps (C=320); at 8 it takes ~180
         # registers, one program per SM: slow but correct, and no KL VAE has such groups.
         stats_warps = 8
-    apply_c = _pow2(c)
+    apply_c = pow2(c)
     apply_block_p = max(1, APPLY_TILE_ELEMENTS // apply_c)
     apply_warps = 4 if apply_block_p * apply_c <= 4096 else 8
     return GroupNormSiLUConfig(
@@ -164,35 +162,17 @@ def group_norm_silu_unsupported(
     num_groups: int,
 ) -> str | None:
     """Why the Triton path cannot take this input (short, for the UI and log); None if it can."""
-    reason = triton_unavailable_reason(x)
+    reason = (GROUP_NORM_SILU.tensor_reason(x)
+              or GROUP_NORM_SILU.channels_reason(x.shape[1], num_groups))
     if reason is not None:
         return reason
-    if x.dim() != 4:
-        return f"{x.dim()}-D input"
-    if x.dtype not in _DTYPES:
-        return f"dtype {x.dtype}"
-    if x.numel() == 0:
-        return "empty tensor"
-    c = x.shape[1]
-    if num_groups <= 0 or c % num_groups:
-        return f"{c} channels not divisible into {num_groups} groups"
-    if not _is_channels_last(x):
-        return "not channels-last"
-    if _pow2(c) > MAX_BLOCK_C:
-        return f"{c} channels is too wide for one tile"
-    cpg = c // num_groups
-    if cpg != _pow2(cpg) and _pow2(num_groups) * _pow2(c) > MAX_GROUP_MASK:
-        return f"{num_groups} groups of {cpg} channels"
-    if x.shape[2] * x.shape[3] >= 2**30:
-        return "more than 2^30 pixels per image"
     for name, p in (("weight", weight), ("bias", bias)):
         reason = _param_reason(name, p, x)
         if reason is not None:
             return reason
-    if torch.is_grad_enabled() and any(
-        t is not None and t.requires_grad for t in (x, weight, bias)
-    ):
-        return "autograd (the kernel has no backward)"
+    reason = autograd_reason(x, weight, bias)
+    if reason is not None:
+        return reason
     if _is_compiling():
         return "torch.compile tracing"
     return None
@@ -226,7 +206,7 @@ def _launch_plan(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLU
     tiles_per_program = _cdiv(_cdiv(hw, config.apply_block_p), max(1, config.apply_programs))
     apply_programs = _cdiv(hw, tiles_per_program * config.apply_block_p)
     return _LaunchPlan(splits, pix_per_program, apply_programs, tiles_per_program,
-                       _pow2(num_groups), _pow2(c // num_groups),
+                       pow2(num_groups), pow2(c // num_groups),
                        _cdiv(n * num_groups * splits, 4) * 4, _cdiv(n * c, 4) * 4)
 
 
@@ -242,8 +222,8 @@ def group_norm_silu(
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x; a new channels-last tensor of x.dtype.
 
-    Returns None when ``group_norm_silu_unsupported`` gives a reason: the caller falls back
-    (to ``group_norm_silu_reference`` or the stock module). ``config`` overrides the heuristic.
+    Returns None when ``group_norm_silu_unsupported`` gives a reason: the caller falls back to
+    the stock module. ``config`` overrides the heuristic.
     """
     if group_norm_silu_unsupported(x, weight, bias, num_groups) is not None:
         return None
@@ -271,7 +251,7 @@ def group_norm_silu(
         launch(_group_norm_stats_kernel, (splits, n),
             x, part_mean, part_m2, hw, pix_per_program, splits,
             C=c, G=num_groups, CPG=cpg,
-            BLOCK_P=config.stats_block_p, BLOCK_C=_pow2(c), BLOCK_G=block_g,
+            BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=block_g,
             num_warps=config.stats_warps,
         )
         launch(_group_norm_finalize_kernel, (num_groups, n),
@@ -286,7 +266,7 @@ def group_norm_silu(
         )
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
             x, out, scale, shift, hw, apply_tiles_per_program,
-            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=_pow2(c), SILU=bool(silu),
+            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c), SILU=bool(silu),
             num_warps=config.apply_warps,
         )
     return out

@@ -23,9 +23,12 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .backend import interpreting, launch, on_device, tl, triton, triton_unavailable_reason
+from .accepts import Accepts, autograd_reason, contiguous
+from .backend import interpreting, launch, on_device, tl, triton
 
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# What the kernel takes: the stock (N, C, *spatial) layout; the batch is grid axis 2.
+RMS_NORM_EXACT = Accepts(min_rank=3, layout=contiguous, layout_reason="not contiguous",
+                         max_batch=65535)
 BLOCK_S = 1024
 BLOCK_C = 4
 NUM_WARPS = 4
@@ -43,20 +46,14 @@ def rms_norm_exact_denominator(x: torch.Tensor, eps: float = 1e-12) -> torch.Ten
 
 
 def rms_norm_exact_unsupported(x, gamma, bias) -> str | None:
-    reason = triton_unavailable_reason(x)
+    if not isinstance(x, torch.Tensor):
+        return "needs an (N, C, *spatial) tensor"
+    reason = RMS_NORM_EXACT.tensor_reason(x)
     if reason is not None:
         return reason
-    if not isinstance(x, torch.Tensor) or x.dim() < 3:
-        return "needs an (N, C, *spatial) tensor"
-    if x.dtype not in _DTYPES:
-        return f"dtype {x.dtype}"
     if interpreting() and x.dtype == torch.bfloat16:
         # The interpreter converts fp32 to bf16 by truncation, not round-to-nearest-even.
         return "the Triton interpreter rounds bf16 by truncation"
-    if not x.is_contiguous():
-        return "not contiguous"
-    if x.numel() == 0:
-        return "empty tensor"
     for name, p in (("gamma", gamma), ("bias", bias)):
         if p is None:
             continue
@@ -64,11 +61,7 @@ def rms_norm_exact_unsupported(x, gamma, bias) -> str | None:
             return f"{name} is not one value per channel"
         if p.device != x.device:
             return f"{name} on {p.device}, input on {x.device}"
-    if x.shape[0] > 65535:
-        return "batch over 65535"
-    if torch.is_grad_enabled() and x.requires_grad:
-        return "autograd (the kernel has no backward)"
-    return None
+    return autograd_reason(x)
 
 
 def rms_norm_exact(x: torch.Tensor, gamma: torch.Tensor, bias: torch.Tensor | None,

@@ -24,7 +24,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .backend import launch, on_device, tl, triton, triton_unavailable_reason
+from .accepts import FLOAT_DTYPES, Accepts, autograd_reason, pixels_dense, same_layout
+from .backend import launch, on_device, tl, triton
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
 MAX_CHANNELS = 8192
@@ -32,13 +33,19 @@ MAX_CHANNELS = 8192
 MAX_BATCH = 65535
 # The kernel has one pointer argument per addend; more would need a variadic kernel.
 MAX_ADDENDS = 2
-_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+# What the kernel takes (``rms_norm_silu_unsupported`` and ``fastpath``'s checks ask this). An
+# empty input is a no-op of the kernel's own.
+RMS_NORM_SILU = Accepts(min_rank=4, max_rank=5, layout=pixels_dense,
+                        layout_reason="input not channels-last (channels not the innermost contiguous dim)",
+                        nonempty=False, max_channels=MAX_CHANNELS, max_batch=MAX_BATCH)
 
 
 def rms_norm_silu_reference(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None
 ):
-    """Stock math with fp32 accumulation; the fallback and the test oracle.
+    """Stock math with fp32 accumulation; the test oracle (where the kernel declines, the caller
+    runs the stock module).
 
     ``gamma``/``bias`` may be flat (C,) or the stock (C, 1, ...) parameters; ``bias`` may also be
     None or a python number. The norm's input is ``x + addends... + in_bias`` summed in fp32 in
@@ -67,41 +74,16 @@ def rms_norm_silu_reference(
     return y.to(x.dtype)
 
 
-def _pixels_dense(x: torch.Tensor) -> bool:
-    """True when, within each sample, pixels are rows of C contiguous channels.
-
-    That is channels-last(-3d) up to the batch stride, which may be anything (a time slice of a
-    channels-last-3d batch keeps dense samples but not a dense batch). Size-1 dims carry no
-    layout, so their strides are ignored.
-    """
-    expected = 1
-    for dim in [1] + list(range(x.dim() - 1, 1, -1)):
-        if x.shape[dim] != 1 and x.stride(dim) != expected:
-            return False
-        expected *= x.shape[dim]
-    return True
-
-
 def _param_reason(name: str, t, x: torch.Tensor, channels: int) -> str | None:
     if not isinstance(t, torch.Tensor):
         return f"{name} is {type(t).__name__}, not a tensor"
     if t.numel() != channels:
         return f"{name} has {t.numel()} elements for {channels} channels"
-    if t.dtype not in _DTYPES:
+    if t.dtype not in FLOAT_DTYPES:
         return f"{name} dtype {t.dtype}"
     if t.device != x.device:  # e.g. ComfyUI low-VRAM offload: the stock path moves it per call
         return f"{name} on {t.device}, input on {x.device}"
     return None
-
-
-def _same_layout(t: torch.Tensor, x: torch.Tensor) -> bool:
-    """Same shape and strides as ``x``; strides of size-1 dims carry no layout and are ignored.
-
-    Addends share ``x``'s offsets in the kernel, so equal strides are what makes that valid.
-    """
-    return t.shape == x.shape and all(
-        size == 1 or t.stride(d) == x.stride(d) for d, size in enumerate(x.shape)
-    )
 
 
 def _addends_reason(addends, x: torch.Tensor) -> str | None:
@@ -114,7 +96,7 @@ def _addends_reason(addends, x: torch.Tensor) -> str | None:
             return f"addend {i} is {type(a).__name__}, not a tensor"
         if a.dtype != x.dtype or a.device != x.device:
             return f"addend {i} is {a.dtype} on {a.device}, input {x.dtype} on {x.device}"
-        if not _same_layout(a, x):
+        if not same_layout(a, x):
             return f"addend {i} differs from the input in shape or strides"
     return None
 
@@ -124,7 +106,7 @@ def _out_reason(out, x: torch.Tensor, addends) -> str | None:
         return f"out is {type(out).__name__}, not a tensor"
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         return "out differs from the input in shape, dtype or device"
-    if not _pixels_dense(out):
+    if not pixels_dense(out):
         return "out not channels-last (channels not the innermost contiguous dim)"
     # Only exact aliasing is caught; a partial overlap is the caller's to avoid (see rms_norm_silu).
     if any(out.data_ptr() == t.data_ptr() for t in (x, *addends)):
@@ -133,23 +115,18 @@ def _out_reason(out, x: torch.Tensor, addends) -> str | None:
 
 
 def rms_norm_silu_unsupported(
-    x, gamma, bias, *, addends=(), in_bias=None, out=None
+    x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True
 ) -> str | None:
-    """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason."""
-    reason = triton_unavailable_reason(x)
+    """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason.
+
+    ``layout=False`` leaves out the check of ``x``'s layout (for a caller that makes ``x``
+    channels-last before the call).
+    """
+    reason = (RMS_NORM_SILU.tensor_reason(x, layout=layout)
+              or RMS_NORM_SILU.channels_reason(x.shape[1]))
     if reason is not None:
         return reason
-    if x.dim() not in (4, 5):
-        return f"{x.dim()}-D input (needs 4-D or 5-D)"
-    if x.dtype not in _DTYPES:
-        return f"input dtype {x.dtype}"
     channels = x.shape[1]
-    if channels > MAX_CHANNELS:
-        return f"{channels} channels (at most {MAX_CHANNELS})"
-    if x.shape[0] > MAX_BATCH:
-        return f"batch {x.shape[0]} (at most {MAX_BATCH})"
-    if not _pixels_dense(x):
-        return "input not channels-last (channels not the innermost contiguous dim)"
     reason = _param_reason("gamma", gamma, x, channels)
     if reason is not None:
         return reason
@@ -170,12 +147,7 @@ def rms_norm_silu_unsupported(
         reason = _out_reason(out, x, addends)
         if reason is not None:
             return reason
-    if torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad
-        for t in (x, gamma, bias, in_bias, out, *addends)
-    ):
-        return "autograd (the kernel has no backward)"
-    return None
+    return autograd_reason(x, gamma, bias, in_bias, out, *addends)
 
 
 @functools.lru_cache(maxsize=64)

@@ -216,3 +216,16 @@ def test_deep_copy_of_an_installed_model_gets_its_own_gate(test_family):
     with gate_for(twin).opened(True) as stats:
         twin(z)
     assert stats.fused_calls == 2
+
+
+def test_a_model_at_a_freed_models_address_still_reports_its_install(test_family, monkeypatch, caplog):
+    """Python reuses a freed object's id(): every model must log its own install line, even
+    when ids repeat (made deterministic here: every id() in install.py is the same number)."""
+    from fast_vae_decode.fastpath import log
+
+    monkeypatch.setattr(log, "_SAID", set())
+    monkeypatch.setattr(install, "id", lambda obj: 7, raising=False)
+    caplog.set_level("INFO", logger="fast_vae_decode")
+    for _ in range(2):
+        install.install_fast_path(_model())
+    assert sum("TinyDecoder: test: " in r.getMessage() for r in caplog.records) == 2

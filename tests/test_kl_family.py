@@ -11,6 +11,7 @@ high against lossless PSNR >= 50 dB, finite. (ComfyUI's classes are tier 2, else
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 
 import pytest
@@ -23,6 +24,7 @@ from fast_vae_decode.fastpath.families.kl import ops as kl_ops
 from fast_vae_decode.fastpath.families.kl import settings as kl_settings
 from fast_vae_decode.fastpath.families.kl.ops import FusedGroupNormSiLU
 from fast_vae_decode.fastpath.gate import gate_for
+from fast_vae_decode.kernels import accepts as accepts_module
 from fast_vae_decode.kernels import group_norm_silu as group_norm_silu_module
 from fast_vae_decode.kernels.group_norm_silu import group_norm_silu_unsupported
 
@@ -190,7 +192,8 @@ def test_group_norm_static_check_agrees_with_the_kernel():
 def test_unsupported_channel_counts_stay_stock_per_module(monkeypatch):
     # Pretend the kernel takes at most 32 channels: the 64-channel modules must stay stock with
     # a reason, the 32-channel ones still fuse, and both gates still decode correctly.
-    monkeypatch.setattr(kl_ops, "MAX_BLOCK_C", 32)
+    narrow = dataclasses.replace(group_norm_silu_module.GROUP_NORM_SILU, max_block_c=32)
+    monkeypatch.setattr(group_norm_silu_module, "GROUP_NORM_SILU", narrow)
     stock = tiny_vae()
     model = copy.deepcopy(stock)
     report = install.install_fast_path(model)
@@ -267,8 +270,7 @@ def test_unavailable_fast_path_is_bit_exact(tiny, monkeypatch, why):
     if why == "compiling":
         monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     elif why == "no triton":  # what a CPU tensor without TRITON_INTERPRET gets, everywhere
-        for where in (kl_ops, group_norm_silu_module):
-            monkeypatch.setattr(where, "triton_unavailable_reason", lambda x=None: "cpu tensor")
+        monkeypatch.setattr(accepts_module, "triton_unavailable_reason", lambda x=None: "cpu tensor")
     with gate_for(model).opened(True) as stats:
         if why == "autograd":
             model.requires_grad_(True)

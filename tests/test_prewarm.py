@@ -116,6 +116,21 @@ def test_a_copied_model_gets_its_own_warm_up(cpu_warmup):
     assert gate_for(twin).prewarm_modules is not None
 
 
+def test_every_gate_reports_its_warm_up_even_at_a_reused_address(cpu_warmup, monkeypatch, caplog):
+    """A later gate at a freed gate's address (id() repeats; made deterministic here) must
+    still report its warm-up."""
+    from fast_vae_decode.fastpath import log
+
+    monkeypatch.setattr(log, "_SAID", set())
+    monkeypatch.setattr(prewarm, "id", lambda obj: 7, raising=False)
+    caplog.set_level("INFO", logger="fast_vae_decode")
+    for _ in range(2):
+        model = tiny_vae()
+        install_fast_path(model)
+        _decode(model, _latent(), True)
+    assert sum("kernel warm-up:" in r.getMessage() for r in caplog.records) == 2
+
+
 @pytest.mark.cuda
 def test_after_warm_up_a_decode_compiles_nothing_new():
     triton = pytest.importorskip("triton")

@@ -174,6 +174,23 @@ def test_fp16_overflow_is_decoded_again_in_bf16(caplog):
     assert all(p.dtype == torch.float16 for p in new.decoder.parameters())  # the copy is unchanged
 
 
+def test_fp16_overflow_is_said_once_per_model_even_at_a_reused_address(monkeypatch, caplog):
+    """Once per model, and a later model at a freed one's address (id() repeats; made
+    deterministic here) still gets its own warning."""
+    from fast_vae_decode.fastpath import log
+    from fast_vae_decode.fastpath.families.wan import decode
+
+    monkeypatch.setattr(log, "_SAID", set())
+    monkeypatch.setattr(decode, "id", lambda obj: 7, raising=False)
+    z = latent((1, 4, 2, 4, 6))
+    with caplog.at_level(logging.WARNING, logger="fast_vae_decode"), torch.no_grad():
+        for _ in range(2):
+            new = with_decoder_precision(_overflowing(), "fp16")
+            new.decode(z)
+            new.decode(z)
+    assert sum("fp16 overflowed" in r.getMessage() for r in caplog.records) == 2
+
+
 def test_non_finite_in_bf16_too_raises_a_clear_error():
     model = tiny_wan("wan21")
     with torch.no_grad():

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import torch
 
+from ....kernels.group_norm_silu import GROUP_NORM_SILU
 from ...comfyui.weights import bias_of, weights_for_call
 from ...fused import FusedModule
 from ...prewarm import tiny_input
+from ...reasons import input_reason
 from .ops import (
     CHANNELS_LAST,
     StockLayoutGuard,
     add_bias_residual_,
     channels_last_decode,
     conv2d,
-    tensor_reason,
     to_channels_last,
     weights_reason,
 )
@@ -67,7 +68,7 @@ class _FusedDecoder(FusedModule):
     def fast_unsupported(self, z, *args, **kwargs) -> str | None:
         if any(a is not None for a in args) or any(v is not None for v in kwargs.values()):
             return "extra decoder arguments"
-        reason = tensor_reason(z)
+        reason = input_reason(z, GROUP_NORM_SILU)
         if reason is not None:
             return reason
         # Only the weights the decoder reads itself; every block checks its own when it runs

@@ -20,8 +20,9 @@ from __future__ import annotations
 import torch
 
 from ...contract import Family, InstallReport, register_family
-from ...recognize import is_a
-from ...swap import swap_in
+from ...reasons import first_reason
+from ...recognize import is_a, stock_class_name
+from ...swap import swap_reason
 from .decoder import FusedComfyDecoder, FusedDiffusersDecoder
 from .modules import (
     DIFFUSERS_ATTENTION_PROCESSORS,
@@ -56,12 +57,6 @@ DIFFUSERS_MID_BLOCK = "diffusers.models.unets.unet_2d_blocks.UNetMidBlock2D"
 DIFFUSERS_UP_BLOCK = "diffusers.models.unets.unet_2d_blocks.UpDecoderBlock2D"
 
 
-def stock_class_name(obj: object) -> str:
-    """``module.QualName`` of ``obj``'s own class (its stock class once swapped)."""
-    cls = type(obj).__dict__.get("_fvd_stock_class", type(obj))
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def kl_decoder(model: torch.nn.Module) -> torch.nn.Module | None:
     """The KL decoder of ``model`` (a recognised autoencoder or a bare decoder), else None."""
     if stock_class_name(model) in (COMFY_DECODER, DIFFUSERS_DECODER):
@@ -81,12 +76,8 @@ def matches(model: torch.nn.Module) -> bool:
 # --- what each fused class needs; None when the module computes exactly that ------------------
 
 
-def _first(*reasons):
-    return next((r for r in reasons if r is not None), None)
-
-
 def _norms_reason(*norms):
-    return _first(*(group_norm_static_reason(n) for n in norms))
+    return first_reason(*(group_norm_static_reason(n) for n in norms))
 
 
 def comfy_resnet_reason(m) -> str | None:
@@ -94,8 +85,8 @@ def comfy_resnet_reason(m) -> str | None:
     if m.in_channels != m.out_channels:
         shortcut = (conv_static_reason(m.conv_shortcut, 3, 1) if m.use_conv_shortcut
                     else conv_static_reason(m.nin_shortcut, 1, 0))
-    return _first(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
-                  conv_static_reason(m.conv2, 3, 1), shortcut)
+    return first_reason(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
+                        conv_static_reason(m.conv2, 3, 1), shortcut)
 
 
 def diffusers_resnet_reason(m) -> str | None:
@@ -110,13 +101,13 @@ def diffusers_resnet_reason(m) -> str | None:
     if getattr(m, "conv2d_out_channels", None) not in (None, m.out_channels):
         return "conv2 output differs from the block's"
     shortcut = None if m.conv_shortcut is None else conv_static_reason(m.conv_shortcut, 1, 0)
-    return _first(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
-                  conv_static_reason(m.conv2, 3, 1), shortcut)
+    return first_reason(_norms_reason(m.norm1, m.norm2), conv_static_reason(m.conv1, 3, 1),
+                        conv_static_reason(m.conv2, 3, 1), shortcut)
 
 
 def comfy_attn_reason(m) -> str | None:
-    return _first(_norms_reason(m.norm),
-                  *(conv_static_reason(c, 1, 0) for c in (m.q, m.k, m.v, m.proj_out)))
+    return first_reason(_norms_reason(m.norm),
+                        *(conv_static_reason(c, 1, 0) for c in (m.q, m.k, m.v, m.proj_out)))
 
 
 def diffusers_attention_reason(m) -> str | None:
@@ -184,8 +175,8 @@ def comfy_decoder_reason(d) -> str | None:
     reason = _children_reason(pairs)
     if reason is not None:
         return reason
-    return _first(_norms_reason(d.norm_out), conv_static_reason(d.conv_in, 3, 1),
-                  conv_static_reason(d.conv_out, 3, 1))
+    return first_reason(_norms_reason(d.norm_out), conv_static_reason(d.conv_in, 3, 1),
+                        conv_static_reason(d.conv_out, 3, 1))
 
 
 def diffusers_decoder_reason(d) -> str | None:
@@ -207,8 +198,8 @@ def diffusers_decoder_reason(d) -> str | None:
     reason = _children_reason(pairs)
     if reason is not None:
         return reason
-    return _first(_norms_reason(d.conv_norm_out), conv_static_reason(d.conv_in, 3, 1),
-                  conv_static_reason(d.conv_out, 3, 1))
+    return first_reason(_norms_reason(d.conv_norm_out), conv_static_reason(d.conv_in, 3, 1),
+                        conv_static_reason(d.conv_out, 3, 1))
 
 
 # stock class name -> (reason function, fused mixin, norm attributes to swap)
@@ -231,15 +222,11 @@ def _fuse(module, mixin, norm_names, gate) -> str | None:
 
     Already-fused modules count as fused (installing twice changes nothing).
     """
-    norms = [getattr(module, n) for n in norm_names]
-    for norm in norms:
-        swap_in(norm, FusedGroupNormSiLU, _fvd_gate=gate)
-        if not isinstance(norm, FusedGroupNormSiLU):
-            return f"norm already carries another fused class ({type(norm).__name__})"
-    swap_in(module, mixin, _fvd_gate=gate)
-    if not isinstance(module, mixin):
-        return f"already carries another fused class ({type(module).__name__})"
-    return None
+    for norm in [getattr(module, n) for n in norm_names]:
+        reason = swap_reason(norm, FusedGroupNormSiLU, _fvd_gate=gate)
+        if reason is not None:
+            return f"norm {reason}"
+    return swap_reason(module, mixin, _fvd_gate=gate)
 
 
 def _try(module, path, table, gate, report: InstallReport) -> None:
@@ -248,12 +235,7 @@ def _try(module, path, table, gate, report: InstallReport) -> None:
         reason = check(module)
     except AttributeError as exc:  # a newer tree renamed something: leave it stock
         reason = f"unrecognised layout ({exc})"
-    if reason is None:
-        reason = _fuse(module, mixin, norm_names, gate)
-    if reason is None:
-        report.fused += 1
-    else:
-        report.skipped[path] = reason
+    report.record(path, reason or _fuse(module, mixin, norm_names, gate))
 
 
 def install(model: torch.nn.Module, gate, report: InstallReport) -> None:

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ....kernels.bias_residual_add import sum_biases
+from ....kernels.group_norm_silu import GROUP_NORM_SILU
 from ....kernels.upsample_conv_fold import (
     fold_upsample_conv_weight,
     fold_upsample_conv_weight_subpixel,
@@ -31,12 +32,12 @@ from ....kernels.vae_attention import (
 from ...cache import cached
 from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
+from ...reasons import input_reason
 from .ops import (
     StockLayoutGuard,
     add_bias_residual_,
     conv2d,
     like_input,
-    tensor_reason,
     to_channels_last,
     weights_reason,
 )
@@ -71,7 +72,7 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         raise NotImplementedError
 
     def fast_unsupported(self, x, temb=None, *args, **kwargs) -> str | None:
-        reason = (_extra_args_reason((temb,) + args, kwargs) or tensor_reason(x)
+        reason = (_extra_args_reason((temb,) + args, kwargs) or input_reason(x, GROUP_NORM_SILU)
                   or _dropout_reason(self))
         if reason is not None:
             return reason
@@ -145,7 +146,7 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
         return _extra_args_reason(args, kwargs)
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
-        reason = self._call_reason(args, kwargs) or tensor_reason(x)
+        reason = self._call_reason(args, kwargs) or input_reason(x, GROUP_NORM_SILU)
         if reason is not None:
             return reason
         norm, *_, modules, _ = self._parts()
@@ -211,7 +212,7 @@ class _FusedUpsample(FusedModule, StockLayoutGuard):
         raise NotImplementedError
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
-        reason = _extra_args_reason(args, kwargs) or tensor_reason(x)
+        reason = _extra_args_reason(args, kwargs) or input_reason(x, GROUP_NORM_SILU)
         if reason is not None:
             return reason
         return weights_reason((self._conv(),), x)

@@ -15,19 +15,17 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from ....kernels.backend import triton_unavailable_reason
+from ....kernels import group_norm_silu as _group_norm_silu
 from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.group_norm_silu import (
-    MAX_BLOCK_C,
-    MAX_GROUP_MASK,
     group_norm_silu,
     group_norm_silu_unsupported,
 )
 from ...comfyui.weights import bias_of, fetch_reason, weight_of
 from ...fused import FusedModule
+from ...reasons import AUTOGRAD as _AUTOGRAD
 
 CHANNELS_LAST = torch.channels_last
-FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def is_channels_last(x: torch.Tensor) -> bool:
@@ -49,27 +47,13 @@ def like_input(out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return out.contiguous()
 
 
-def _pow2(v: int) -> int:
-    return 1 << max(0, int(v) - 1).bit_length()
-
-
 def group_norm_static_reason(norm: torch.nn.Module) -> str | None:
-    """Why ``group_norm_silu`` can never take ``norm`` (shape-only; checked at install).
-
-    Mirrors the channel/group limits of ``group_norm_silu_unsupported``; the per-call checks
-    (device, dtype, layout) are left to the kernel's own function.
-    """
+    """Why ``group_norm_silu`` can never take ``norm`` (shape-only; checked at install): the
+    kernel's declared channel rules. The per-call checks (device, dtype, layout) are left to
+    the kernel's own function."""
     if not isinstance(norm, torch.nn.GroupNorm):
         return f"norm is a {type(norm).__name__}, not a GroupNorm"
-    c, g = norm.num_channels, norm.num_groups
-    if g <= 0 or c % g:
-        return f"{c} channels not divisible into {g} groups"
-    if _pow2(c) > MAX_BLOCK_C:
-        return f"{c} channels is too wide for the group norm kernel"
-    cpg = c // g
-    if cpg != _pow2(cpg) and _pow2(g) * _pow2(c) > MAX_GROUP_MASK:
-        return f"{g} groups of {cpg} channels"
-    return None
+    return _group_norm_silu.GROUP_NORM_SILU.channels_reason(norm.num_channels, norm.num_groups)
 
 
 def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str | None:
@@ -81,24 +65,6 @@ def conv_static_reason(conv: torch.nn.Module, kernel: int, padding: int) -> str 
     if (tuple(conv.stride) != (1, 1) or tuple(conv.dilation) != (1, 1) or conv.groups != 1
             or conv.padding_mode != "zeros" or conv.padding != (padding, padding)):
         return "conv stride/padding/dilation/groups differ from the KL VAE's"
-    return None
-
-
-def tensor_reason(x: torch.Tensor) -> str | None:
-    """Per-call checks on a block's input that the fused kernels share."""
-    if not isinstance(x, torch.Tensor):
-        return "input is not a tensor"
-    reason = triton_unavailable_reason(x)
-    if reason is not None:
-        return reason
-    if x.dim() != 4:
-        return f"{x.dim()}-D input"
-    if x.dtype not in FAST_DTYPES:
-        return f"dtype {x.dtype}"
-    if x.numel() == 0:
-        return "empty tensor"
-    if x.shape[2] * x.shape[3] >= 2**30:
-        return "more than 2^30 pixels per image"
     return None
 
 
@@ -129,9 +95,6 @@ def weights_reason(modules, x: torch.Tensor) -> str | None:
             if grad and p.requires_grad:
                 return _AUTOGRAD
     return None
-
-
-_AUTOGRAD = "autograd (the fused kernels have no backward)"
 
 
 def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = None,
@@ -214,7 +177,7 @@ class FusedGroupNormSiLU(FusedModule):
     def norm_silu(self, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
         """GroupNorm (+ SiLU) of channels-last ``x`` through the kernel; raises if it declines.
 
-        Callers check ``tensor_reason``/``weights_reason`` first, so a decline here is a
+        Callers check ``input_reason``/``weights_reason`` first, so a decline here is a
         mismatch between those checks and the kernel's; raising sends the calling block to its
         stock path (``FusedModule`` disables it for the session and logs the reason).
         """

@@ -23,11 +23,11 @@ from typing import Callable
 
 import torch
 
-from ...log import log_once
+from ...log import log_once_for
 from ...module_clone import clone_module, tensor_copier
 from ...pixels.frames import FramesReady, frames_ready_hook
-from ...recognize import class_names
-from ...swap import swap_in
+from ...recognize import class_names, stock_class_name
+from ...swap import stock_class, swap_in
 
 COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
 COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
@@ -97,8 +97,8 @@ def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
 
 def stock_loop_reason(model: torch.nn.Module) -> str | None:
     """None when ``model``'s stock decode loop is one ``KNOWN_LOOPS`` lists."""
-    stock = type(model).__dict__.get("_fvd_stock_class", type(model))
-    name = f"{stock.__module__}.{stock.__qualname__}"
+    stock = stock_class(model)
+    name = stock_class_name(model)
     for (cls_name, method), accepted in KNOWN_LOOPS.items():
         if cls_name != name:
             continue
@@ -110,8 +110,7 @@ def stock_loop_reason(model: torch.nn.Module) -> str | None:
 
 
 def _stock_module(model) -> object:
-    stock = type(model).__dict__.get("_fvd_stock_class", type(model))
-    return sys.modules[stock.__module__]
+    return sys.modules[stock_class(model).__module__]
 
 
 # --- precision -----------------------------------------------------------------------------
@@ -149,7 +148,7 @@ def _finite_or_redecode(model, out, redecode: Callable[[torch.nn.Module], object
         return out
     if bool(torch.isfinite(_images(out)).all()):
         return out
-    log_once(f"fp16-overflow:{id(model)}", _NOT_FINITE_FP16, logging.WARNING)
+    log_once_for(model, "fp16-overflow", _NOT_FINITE_FP16, logging.WARNING)
     del out
     again = redecode(decoder_twin(model, torch.bfloat16))
     if not bool(torch.isfinite(_images(again)).all()):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ....kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
+from ...swap import stock_class, swapped_stock_class
 
 
 def _channels_innermost(t: torch.Tensor) -> bool:
@@ -67,7 +68,7 @@ class ExactCausalConv3d:
     """Mixin for a stock causal conv: the one-buffer input when it applies, else stock."""
 
     def forward(self, x, cache_x=None, cache_list=None, cache_idx=None, *args, **kwargs):
-        stock = type(self).__dict__.get("_fvd_stock_class")
+        stock = swapped_stock_class(self)
         if (stock is None or args or kwargs or not isinstance(x, torch.Tensor)
                 or torch.compiler.is_compiling()):  # a trace must see the stock graph
             return self._stock_forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
@@ -109,7 +110,7 @@ def exact_norm_reason(norm: torch.nn.Module) -> str | None:
     bias = getattr(norm, "bias", None)
     if bias is not None and not isinstance(bias, torch.Tensor):
         return f"bias is a {type(bias).__name__}"
-    stock = type(norm).__dict__.get("_fvd_stock_class", type(norm))
+    stock = stock_class(norm)
     gen = torch.Generator().manual_seed(0)
     shape = (EXACT_NORM_PROBE[0], gamma.shape[0]) + EXACT_NORM_PROBE[1:]
     probe = (torch.randn(shape, generator=gen) * 3).to(gamma.device)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import torch
 
 from ...contract import Family, InstallReport, register_family
-from ...recognize import is_a, is_wan_vae_model
-from ...swap import swap_in
+from ...reasons import first_reason
+from ...recognize import is_a, is_wan_vae_model, stock_class_name
+from ...swap import swap_in, swap_reason
 from .decode import install_decode_loop
 from .exact import ExactRMSNorm, exact_norm_reason
 from .modules import (
@@ -27,7 +28,7 @@ from .modules import (
     FusedWanResample,
     FusedWanResidualBlock,
 )
-from .ops import causal_conv_static_reason, first_reason, rms_norm_static_reason
+from .ops import causal_conv_static_reason, rms_norm_static_reason
 
 _V21 = "comfy.ldm.wan.vae"
 _V22 = "comfy.ldm.wan.vae2_2"
@@ -56,18 +57,13 @@ TORCH_SAFE = ("torch.nn.modules.conv.Conv2d", "torch.nn.modules.container.Sequen
 KNOWN = COMFY_BLOCKS + DIFFUSERS_BLOCKS + CAUSAL_CONVS + RMS_NORMS + ATTENTIONS
 
 
-def stock_name(m: object) -> str:
-    cls = type(m).__dict__.get("_fvd_stock_class", type(m))
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
 def matches(model: torch.nn.Module) -> bool:
     return is_wan_vae_model(model) and isinstance(getattr(model, "decoder", None), torch.nn.Module)
 
 
 def unknown_module(decoder: torch.nn.Module) -> str | None:
     for path, m in decoder.named_modules(prefix="decoder"):
-        name = stock_name(m)
+        name = stock_class_name(m)
         if name in LAYOUT_SAFE or name in KNOWN or is_a(m, *TORCH_SAFE):
             continue
         return f"unknown module {name} at {path}"
@@ -167,10 +163,7 @@ def head_norms(decoder) -> list:
 
 
 def _swap(report: InstallReport, path: str, m, mixin, reason: str | None, gate, **attrs) -> None:
-    if reason is not None:
-        report.skipped[path] = reason
-    elif swap_in(m, mixin, _fvd_gate=gate, **attrs):
-        report.fused += 1
+    report.record(path, reason or swap_reason(m, mixin, _fvd_gate=gate, **attrs))
 
 
 def install(model: torch.nn.Module, gate, report: InstallReport) -> None:

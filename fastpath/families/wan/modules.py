@@ -23,10 +23,12 @@ import torch
 import torch.nn.functional as F
 
 from ....kernels.bias_residual_add import sum_biases
+from ....kernels.rms_norm_silu import RMS_NORM_SILU
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from ...cache import cached
 from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
+from ...reasons import first_reason, input_reason
 from .exact import ExactCausalConv3d, ExactRMSNorm
 from .ops import (
     CL3D,
@@ -37,11 +39,9 @@ from .ops import (
     conv_parts,
     conv_weight,
     conv_weights_reason,
-    first_reason,
     next_cache,
     norm_reason,
     norm_silu,
-    tensor_reason,
     to_cl,
     to_cl3d,
 )
@@ -49,7 +49,7 @@ from .ops import (
 
 def _call_reason(x, args, kwargs) -> str | None:
     """Per-call checks shared by the cache-carrying Wan modules: only (x, feat_cache, feat_idx)."""
-    return "extra arguments" if args or kwargs else tensor_reason(x)
+    return "extra arguments" if args or kwargs else input_reason(x, RMS_NORM_SILU, rank=5)
 
 class FusedWanResidualBlock(FusedModule):
     """``RMS_norm, SiLU, CausalConv3d, RMS_norm, SiLU, Dropout, CausalConv3d`` + shortcut.
@@ -136,7 +136,7 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
     def fast_unsupported(self, x, cache_x=None, cache_list=None, cache_idx=None, *args, **kwargs):
         if args or kwargs:
             return "extra arguments"
-        reason = tensor_reason(x)
+        reason = input_reason(x, RMS_NORM_SILU, rank=5)
         if reason is not None:
             return reason
         if cache_list is not None:
@@ -170,7 +170,7 @@ class FusedRMSNorm(FusedModule, ExactRMSNorm):
             return "extra arguments"
         if not isinstance(x, torch.Tensor) or x.dim() not in (4, 5):
             return "input is not a 4-D or 5-D tensor"
-        return first_reason(tensor_reason(x, x.dim()), norm_reason(self, x))
+        return first_reason(input_reason(x, RMS_NORM_SILU), norm_reason(self, x))
 
     _fvd_prewarm_rank = 5
 
@@ -196,7 +196,7 @@ class FusedWanAttention(FusedModule):
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
         if args or kwargs:
             return "extra arguments"
-        reason = tensor_reason(x)
+        reason = input_reason(x, RMS_NORM_SILU, rank=5)
         if reason is not None:
             return reason
         return first_reason(norm_reason(self.norm, x), conv_weights_reason(self.to_qkv, x),

@@ -16,15 +16,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ....kernels.backend import triton_unavailable_reason
 from ....kernels.bias_residual_add import bias_residual_add_
-from ....kernels.rms_norm_silu import rms_norm_silu, rms_norm_silu_unsupported
+from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ...cache import cached
 from ...comfyui.weights import bias_of, comfy_cast_reason, fetch_reason, is_stable, weight_of
+from ...reasons import AUTOGRAD
 
 CL3D = torch.channels_last_3d
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
-FAST_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def to_cl3d(x: torch.Tensor) -> torch.Tensor:
@@ -37,30 +36,6 @@ def to_cl(x: torch.Tensor) -> torch.Tensor:
 
 
 # --- checks --------------------------------------------------------------------------------
-
-
-def first_reason(*reasons):
-    return next((r for r in reasons if r is not None), None)
-
-
-def tensor_reason(x, dims: int = 5) -> str | None:
-    """Per-call checks on a fused module's input."""
-    if not isinstance(x, torch.Tensor):
-        return "input is not a tensor"
-    reason = triton_unavailable_reason(x)
-    if reason is not None:
-        return reason
-    if x.dim() != dims:
-        return f"{x.dim()}-D input (needs {dims}-D)"
-    if x.dtype not in FAST_DTYPES:
-        return f"dtype {x.dtype}"
-    if x.numel() == 0:
-        return "empty tensor"
-    if torch.is_grad_enabled() and x.requires_grad:
-        return "autograd (the fused kernels have no backward)"
-    return None
-
-
 
 
 def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
@@ -76,23 +51,17 @@ def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
         if p.dtype != x.dtype:  # F.conv3d does not mix dtypes; the stock path raises or casts
             return f"weights in {p.dtype}, input in {x.dtype}"
         if torch.is_grad_enabled() and p.requires_grad:
-            return "autograd (the fused kernels have no backward)"
+            return AUTOGRAD
     return None
 
 
 def norm_reason(norm: torch.nn.Module, x: torch.Tensor) -> str | None:
-    """Per-call: ``rms_norm_silu`` takes ``x`` once it is channels-last.
-
-    The kernel's own check wants a channels-last tensor; ``x`` is converted only in the fast
-    path, so the check sees a one-pixel channels-last view of ``x`` (same device, dtype, channel
-    count), which is all it needs besides the layout.
-    """
+    """Per-call: ``rms_norm_silu`` takes ``x`` once it is channels-last (the kernel's own check,
+    less the layout: ``x`` is converted only in the fast path)."""
     reason = comfy_cast_reason(norm)
     if reason is not None:
         return reason
-    channels = x.shape[1]
-    probe = x.as_strided((1, channels) + (1,) * (x.dim() - 2), (channels, 1) + (channels,) * (x.dim() - 2))
-    return rms_norm_silu_unsupported(probe, norm.gamma, norm.bias)
+    return rms_norm_silu_unsupported(x, norm.gamma, norm.bias, layout=False)
 
 
 def cache_entry_reason(feat_cache, feat_idx, count: int, markers: tuple = ()) -> str | None:
@@ -138,6 +107,9 @@ def rms_norm_static_reason(norm: torch.nn.Module) -> str | None:
     if not getattr(norm, "channel_first", False):
         return "channel-last RMS norm"
     channels = gamma.shape[0]
+    reason = RMS_NORM_SILU.channels_reason(channels)
+    if reason is not None:
+        return reason
     if abs(float(norm.scale) - channels**0.5) > 1e-6 * channels**0.5:
         return "RMS norm scale is not sqrt(channels)"
     bias = getattr(norm, "bias", None)

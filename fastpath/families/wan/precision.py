@@ -102,5 +102,4 @@ def with_decoder_precision(vae: object, precision: str) -> object:
         new.memory_used_decode = lambda shape, _dtype, _estimate=estimate: _estimate(shape, dtype)
     if "size" in vars(new):  # 0.8.0 caches the model's size on the wrapper
         new.size = None
-    new._fvd_decoder_precision = precision
     return new
