@@ -353,3 +353,46 @@ def test_upstream_wan22_temporal_kernel_3_fuses_too():
     model = _upstream_wan22(temporal_kernel=3, image_channels=3, patch_size=2, z_dim=48)
     report = install_fast_path(model)
     assert report.skipped == {} and report.fused == _known_modules(model)
+
+
+# Newest upstream vae.WanVAE.decode: 0.33's chunked loop (first latent frame, then two at a time,
+# the decoder returning lists of chunks) behind a 4-D branch that decodes the image as one frame.
+
+
+def _upstream_wan21_decode(self, z):
+    if z.ndim == 4:
+        return self.decode(z.unsqueeze(2)).squeeze(2)
+    calls = 1 + z.shape[2] // 2
+    cache = [None] * count_cache_layers(self.decoder) if calls > 1 else None  # noqa: F821
+    x = self.conv2(z)
+    out = []
+    for i in range(calls):
+        piece = x[:, :, :1] if i == 0 else x[:, :, 2 * i - 1:2 * i + 1]
+        out += self.decoder(piece, feat_cache=cache, feat_idx=[0])
+    return torch.cat(out, 2)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 3, 4, 6), (1, 16, 4, 6)], ids=["video", "image"])
+def test_upstream_wan21_decode_with_images(shape):
+    comfy_nodes()
+    import comfy.ldm.wan.vae as v21
+
+    from fast_vae_decode.bench.models import _wan_config, init_weights_
+
+    if not hasattr(v21, "count_cache_layers"):
+        pytest.skip("this tree's Wan 2.1 decoder is the per-frame one")
+    globals().update(count_cache_layers=v21.count_cache_layers)
+    cls = type("WanVAE", (v21.WanVAE,), {"__module__": v21.__name__, "__qualname__": "WanVAE",
+                                         "decode": _upstream_wan21_decode})
+    stock, fast = (init_weights_(cls(**_wan_config("wan21", tiny=True)), 0).eval() for _ in range(2))
+    report = install_fast_path(fast)
+    assert report.skipped == {} and report.fused == _known_modules(fast) and fast._fvd_loop is True
+    z = _latent(shape)
+    with torch.inference_mode():
+        expected = stock.decode(z)
+        with gate_for(fast).opened(False):
+            assert torch.equal(fast.decode(z), expected)
+        with gates_opened(fast, True) as stats:
+            got = fast.decode(z)
+    assert expected.dim() == len(shape) and stats[0].fallbacks == {}
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
