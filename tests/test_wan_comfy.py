@@ -176,3 +176,223 @@ def test_unloading_the_copy_leaves_the_original_loaded_state_alone(vaes):
         mm.unload_all_models()
         assert torch.equal(_decode(vae, z), expected)
         _decode(new, z)  # the copy loads again on its own
+
+
+# --- what the wing fuses, counted on the tree's own classes ------------------------------------
+
+
+def _known_modules(model) -> int:
+    """The fused modules the Wan wing knows for a ComfyUI Wan decoder: every causal conv,
+    residual block, attention block, upsampling resample and the head norm, plus the decode loop."""
+    names = ("CausalConv3d", "ResidualBlock", "AttentionBlock")
+    count = 1 + 1  # the decode loop and the head norm
+    for m in model.decoder.modules():
+        name = type(m).__dict__.get("_fvd_stock_class", type(m)).__qualname__
+        if name in names or (name == "Resample" and m.mode in ("upsample2d", "upsample3d")):
+            count += 1
+    return count
+
+
+def test_default_config_wan21_fuses_every_module_the_wing_knows():
+    """ComfyUI's default Wan 2.1 VAE config (what ``comfy.sd.VAE`` builds for a real checkpoint):
+    on 0.33+ trees this fused 3 of 53 before the wing knew the int causal padding and 0.33's
+    forwards."""
+    comfy_nodes()
+    import comfy.ldm.wan.vae
+
+    from fast_vae_decode.bench.models import _wan_config
+
+    model = comfy.ldm.wan.vae.WanVAE(**_wan_config("wan21", tiny=False)).eval()
+    report = install_fast_path(model)
+    assert report.reason is None and report.skipped == {}
+    assert report.fused == _known_modules(model) == 53
+    assert model._fvd_loop is True
+
+
+@pytest.mark.parametrize("arch", ["wan21", "wan22"])
+def test_tiny_vae_fuses_every_module_the_wing_knows(vaes, arch):
+    _, vae, report = vaes[arch]
+    assert report.skipped == {} and report.fused == _known_modules(vae.first_stage_model)
+
+
+def test_even_latent_count_ends_on_a_single_frame_chunk(vaes):
+    """0.33's loop takes latent frames 1+2+2+...; an even count ends on a one-frame call (and
+    0.8's runs per frame): lossless stays exact and high close either way."""
+    stock, vae, _ = vaes["wan21"]
+    z = _latent((1, 16, 4, 4, 6), seed=3)
+    with torch.inference_mode():
+        expected = _decode(stock, z)
+        with gates_opened(vae, False):
+            assert torch.equal(_decode(vae, z), expected)
+        with gates_opened(vae, True) as stats:
+            got = _decode(vae, z)
+    assert stats[0].fallbacks == {} and stats[0].fused_calls > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unknown_block_code_stays_stock_with_its_reason():
+    """Fail closed: a ResidualBlock whose forward is code this pack has not seen keeps it."""
+    comfy_nodes()
+    import comfy.ldm.wan.vae as v21
+
+    from fast_vae_decode.bench.models import _wan_config
+
+    model = v21.WanVAE(**_wan_config("wan21", tiny=True)).eval()
+
+    def forward(self, x, feat_cache=None, feat_idx=[0]):  # noqa: B006  (another block's code)
+        return self.residual(x) * 2 + self.shortcut(x)
+
+    other = type("ResidualBlock", (v21.ResidualBlock,), {"__module__": v21.__name__, "forward": forward})
+    model.decoder.middle[0].__class__ = other
+    report = install_fast_path(model)
+    assert report.skipped == {
+        "decoder.middle.0": "unrecognised comfy.ldm.wan.vae.ResidualBlock.forward (a newer version?)"}
+    assert not is_swapped(model.decoder.middle[0])
+
+
+# --- newest upstream vae2_2.WanVAE (the Qwen-Image 2.1 VAE shape), from the tree's classes ------
+# Upstream's vae2_2 builds its block and head convs as CausalConv3d(in, out, (k, 3, 3), padding
+# (k // 2, 1, 1)) and the temporal-upsample conv as (k, 1, 1) with padding k // 2 from a
+# ``temporal_kernel`` k, the head to ``image_channels * patch_size**2`` channels, keeps
+# ``patch_size`` on the model, and its ``decode`` takes 4-D latents (one pass without a cache,
+# ``first_chunk``, the frame axis squeezed off again) besides the per-frame 5-D loop, unpatchifying
+# by ``self.patch_size``; for that its Decoder3d hands ``first_chunk`` to the up blocks also when
+# there is no frame cache. The tree's own Resample/ResidualBlock forwards are upstream's.
+
+
+def _upstream_decoder_forward(self, x, feat_cache=None, feat_idx=[0], first_chunk=False):  # noqa: B006
+    if feat_cache is not None:
+        return super(type(self), self).forward(x, feat_cache, feat_idx, first_chunk)
+    x = self.conv1(x)
+    for layer in self.middle:
+        x = layer(x)
+    for layer in self.upsamples:
+        x = layer(x, first_chunk=first_chunk)
+    for layer in self.head:
+        x = layer(x)
+    return x
+
+
+def _upstream_decode(self, z):
+    if z.ndim == 4:  # a single image: no frame cache
+        image = self.decoder(self.conv2(z.unsqueeze(2)), first_chunk=True)
+        return unpatchify(image, patch_size=self.patch_size).squeeze(2)  # noqa: F821
+    cache = [None] * count_conv3d(self.decoder)  # noqa: F821
+    x = self.conv2(z)
+    out = None
+    for i in range(z.shape[2]):
+        chunk = self.decoder(x[:, :, i:i + 1], feat_cache=cache, feat_idx=[0], first_chunk=i == 0)
+        out = chunk if out is None else torch.cat([out, chunk], 2)
+    return unpatchify(out, patch_size=self.patch_size)  # noqa: F821
+
+
+def _upstream_wan22(seed: int = 0, temporal_kernel: int = 1, image_channels: int = 4,
+                    patch_size: int = 1, z_dim: int = 64):
+    comfy_nodes()
+    import comfy.ldm.wan.vae as v21
+    import comfy.ldm.wan.vae2_2 as v22
+
+    from fast_vae_decode.bench.models import init_weights_
+
+    globals().update(unpatchify=v22.unpatchify, count_conv3d=v22.count_conv3d)
+    model = v22.WanVAE(dim=16, dec_dim=32, z_dim=z_dim, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
+                       attn_scales=[], temperal_downsample=[False, True, True], dropout=0.0)
+    k = temporal_kernel
+
+    def conv3x3(cin, cout):
+        return v21.CausalConv3d(cin, cout, (k, 3, 3), padding=(k // 2, 1, 1))
+
+    dec = model.decoder
+    dec.conv1 = conv3x3(dec.conv1.in_channels, dec.conv1.out_channels)
+    for m in dec.modules():
+        if isinstance(m, v22.ResidualBlock):
+            for i in (2, 6):
+                m.residual[i] = conv3x3(m.residual[i].in_channels, m.residual[i].out_channels)
+        elif isinstance(m, v22.Resample) and m.mode == "upsample3d":
+            m.time_conv = v21.CausalConv3d(m.dim, 2 * m.dim, (k, 1, 1), padding=(k // 2, 0, 0))
+    dec.head[2] = conv3x3(dec.head[2].in_channels, image_channels * patch_size * patch_size)
+    dec.__class__ = type("Decoder3d", (v22.Decoder3d,), {
+        "__module__": v22.__name__, "__qualname__": "Decoder3d", "forward": _upstream_decoder_forward})
+    model.patch_size = patch_size
+    model.__class__ = type("WanVAE", (v22.WanVAE,), {
+        "__module__": v22.__name__, "__qualname__": "WanVAE", "decode": _upstream_decode})
+    init_weights_(model, seed)
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def upstream22():
+    fast = _upstream_wan22()
+    return _upstream_wan22(), fast, install_fast_path(fast)
+
+
+def test_upstream_wan22_fuses_every_module_the_wing_knows(upstream22):
+    _, fast, report = upstream22
+    assert report.reason is None and report.skipped == {}
+    assert report.fused == _known_modules(fast)
+    assert fast._fvd_loop is True
+
+
+@pytest.mark.parametrize("shape", [(1, 64, 2, 4, 6), (1, 64, 4, 6)], ids=["video", "image"])
+def test_upstream_wan22_lossless_and_high(upstream22, shape):
+    stock, fast, _ = upstream22
+    z = _latent(shape)
+    with torch.inference_mode():
+        expected = stock.decode(z)
+        with gate_for(fast).opened(False):
+            assert torch.equal(fast.decode(z), expected)
+        with gates_opened(fast, True) as stats:
+            got = fast.decode(z)
+    assert expected.shape[:2] == (1, 4) and expected.dim() == len(shape)  # RGBA, 4-D stays 4-D
+    assert stats[0].fallbacks == {} and stats[0].fused_calls > 0
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_upstream_wan22_temporal_kernel_3_fuses_too():
+    model = _upstream_wan22(temporal_kernel=3, image_channels=3, patch_size=2, z_dim=48)
+    report = install_fast_path(model)
+    assert report.skipped == {} and report.fused == _known_modules(model)
+
+
+# Newest upstream vae.WanVAE.decode: 0.33's chunked loop (first latent frame, then two at a time,
+# the decoder returning lists of chunks) behind a 4-D branch that decodes the image as one frame.
+
+
+def _upstream_wan21_decode(self, z):
+    if z.ndim == 4:
+        return self.decode(z.unsqueeze(2)).squeeze(2)
+    calls = 1 + z.shape[2] // 2
+    cache = [None] * count_cache_layers(self.decoder) if calls > 1 else None  # noqa: F821
+    x = self.conv2(z)
+    out = []
+    for i in range(calls):
+        piece = x[:, :, :1] if i == 0 else x[:, :, 2 * i - 1:2 * i + 1]
+        out += self.decoder(piece, feat_cache=cache, feat_idx=[0])
+    return torch.cat(out, 2)
+
+
+@pytest.mark.parametrize("shape", [(1, 16, 3, 4, 6), (1, 16, 4, 6)], ids=["video", "image"])
+def test_upstream_wan21_decode_with_images(shape):
+    comfy_nodes()
+    import comfy.ldm.wan.vae as v21
+
+    from fast_vae_decode.bench.models import _wan_config, init_weights_
+
+    if not hasattr(v21, "count_cache_layers"):
+        pytest.skip("this tree's Wan 2.1 decoder is the per-frame one")
+    globals().update(count_cache_layers=v21.count_cache_layers)
+    cls = type("WanVAE", (v21.WanVAE,), {"__module__": v21.__name__, "__qualname__": "WanVAE",
+                                         "decode": _upstream_wan21_decode})
+    stock, fast = (init_weights_(cls(**_wan_config("wan21", tiny=True)), 0).eval() for _ in range(2))
+    report = install_fast_path(fast)
+    assert report.skipped == {} and report.fused == _known_modules(fast) and fast._fvd_loop is True
+    z = _latent(shape)
+    with torch.inference_mode():
+        expected = stock.decode(z)
+        with gate_for(fast).opened(False):
+            assert torch.equal(fast.decode(z), expected)
+        with gates_opened(fast, True) as stats:
+            got = fast.decode(z)
+    assert expected.dim() == len(shape) and stats[0].fallbacks == {}
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

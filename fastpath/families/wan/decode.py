@@ -8,8 +8,11 @@ copy) in the layout ``torch.cat`` gives contiguous chunks, so the result is ``to
 stock (the tests prove it on every supported class) and it runs whether the gate is open or
 closed: lossless decodes get faster too.
 
-The loop replaced must be one we know: the stock method's referenced names are compared with
-those of the supported versions (``KNOWN_LOOPS``); any other version keeps its own loop.
+The loop replaced must be one we know: ComfyUI's ``WanVAE.decode`` by its fingerprint in the
+ComfyUI room (``comfyui/wan_code.py``: the per-frame ``cat`` loop of 0.8, the chunked list loop
+of 0.33+), diffusers' by its referenced names (``KNOWN_LOOPS``); any other keeps its own loop.
+ComfyUI 0.33+ already concatenates once at the end, so there the gain is the second whole
+output that concatenation holds and the frames handed on as they are final.
 
 The same top-level mixins carry the decode precision set by ``precision.py``: latents are cast
 to the decoder's dtype on the way in, images to the encoder's, and an fp16 decode whose output
@@ -23,6 +26,7 @@ from typing import Callable
 
 import torch
 
+from ...comfyui.wan_code import method_code
 from ...log import log_once_for
 from ...module_clone import clone_module, tensor_copier
 from ...pixels.frames import FramesReady, frames_ready_hook
@@ -33,16 +37,8 @@ COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
 COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
 DIFFUSERS_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan.AutoencoderKLWan"
 
-_CAT_LOOP = {"cat", "conv2", "decoder", "range", "shape", "torch"}
-# Names each supported stock loop references: (stock class, method) -> accepted name sets.
+# Names diffusers' supported ``_decode`` references (ComfyUI's loops are known by ``wan_code``).
 KNOWN_LOOPS = {
-    (COMFY_WAN21, "decode"): (
-        frozenset(_CAT_LOOP | {"count_conv3d"}),  # 0.3.64 and 0.8.0
-    ),
-    (COMFY_WAN22, "decode"): (
-        frozenset(_CAT_LOOP | {"count_conv3d", "unpatchify"}),  # 0.8.0
-        frozenset(_CAT_LOOP | {"clear_cache", "_feat_map", "_conv_idx", "unpatchify"}),  # 0.3.64
-    ),
     (DIFFUSERS_WAN, "_decode"): (
         frozenset({"shape", "tile_sample_min_height", "spatial_compression_ratio",
                    "tile_sample_min_width", "use_tiling", "tiled_decode", "clear_cache",
@@ -95,10 +91,62 @@ def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
     return out
 
 
+def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
+                         frames_ready: FramesReady | None = None) -> torch.Tensor:
+    """``torch.cat(step(0) + step(1) + ..., 2)`` (each ``step(i)`` a list of frame chunks, for
+    ``sizes[i]`` latent frames) written into one output as the chunks come.
+
+    ``step(i)`` must be called in order. The output is allocated once the second step shows how
+    many frames a latent frame gives after the first step (which differs: Wan upsamples time 4x
+    except for the first latent frame); chunks that do not fit that plan are concatenated
+    instead, so any chunk sizes give the stock result.
+    """
+    first = step(0)
+    if len(sizes) == 1:
+        return torch.cat(first, 2)  # what stock returns: a new tensor even for one chunk
+    second = step(1)
+    n0, n1 = sum(c.shape[2] for c in first), sum(c.shape[2] for c in second)
+    per = n1 // sizes[1] if n1 % sizes[1] == 0 else 0
+    total = n0 + per * sum(sizes[1:])
+    ref = first[0]
+    out = torch.empty(ref.shape[:2] + (total,) + ref.shape[3:], dtype=ref.dtype, device=ref.device)
+    pos, extra = 0, []
+    for i in range(len(sizes)):
+        chunks = first if i == 0 else second if i == 1 else step(i)
+        if i == 0:
+            first = None  # the output holds them now; drop the references before the next step
+        elif i == 1:
+            second = None
+        for chunk in chunks:
+            n = chunk.shape[2]
+            fits = (not extra and pos + n <= total and chunk.dtype == out.dtype
+                    and chunk.device == out.device and chunk.shape[:2] == out.shape[:2]
+                    and chunk.shape[3:] == out.shape[3:])
+            if fits:
+                out[:, :, pos:pos + n].copy_(chunk)
+                if frames_ready is not None:
+                    frames_ready(out, pos, pos + n)
+                pos += n
+            else:
+                extra.append(chunk)
+        del chunks
+    if extra or pos != total:
+        return torch.cat([out[:, :, :pos]] + extra, 2)
+    return out
+
+
 def stock_loop_reason(model: torch.nn.Module) -> str | None:
-    """None when ``model``'s stock decode loop is one ``KNOWN_LOOPS`` lists."""
+    """None when ``model``'s stock decode loop is one this pack knows (ComfyUI's: ``wan_code``)."""
     stock = stock_class(model)
     name = stock_class_name(model)
+    if name in (COMFY_WAN21, COMFY_WAN22):
+        code = method_code(model, "decode")
+        if isinstance(code, str):
+            return code
+        if code.loop not in ("per_frame", "chunked"):
+            return f"no known decode loop for {name}"
+        model.__dict__["_fvd_loop_code"] = code
+        return None
     for (cls_name, method), accepted in KNOWN_LOOPS.items():
         if cls_name != name:
             continue
@@ -167,7 +215,10 @@ class ComfyWanDecodeLoop:
 
     def decode(self, z, *args, **kwargs):
         z = _cast(z, self.__dict__.get("_fvd_decoder_dtype"))
-        if args or kwargs or not self._fvd_loop or not isinstance(z, torch.Tensor) or z.shape[2] < 1:
+        # 4-D latents (single images, newest trees) go to the stock code: no loop to save there
+        # (Wan 2.1's calls ``self.decode`` again with the frame axis, which comes back here).
+        if (args or kwargs or not self._fvd_loop or not isinstance(z, torch.Tensor) or z.dim() != 5
+                or z.shape[2] < 1):
             out = super().decode(z, *args, **kwargs)
         else:
             out = _comfy_decode(self, z)
@@ -179,12 +230,15 @@ class ComfyWanDecodeLoop:
 
 def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
     module = _stock_module(model)
-    wan22 = module.__name__.endswith("vae2_2")
+    code = model.__dict__["_fvd_loop_code"]
+    if code.loop == "chunked":
+        return _comfy_chunked_decode(model, module, code, z)
+    wan22 = code.unpatchify is not None
     # 0.3.64's Wan 2.2 keeps its cache on the model (clear_cache); the others in locals. Both
     # start every decode from an empty cache, and so does this loop.
-    if hasattr(model, "clear_cache"):
+    if code.model_cache:
         model.clear_cache()
-    feat_map = [None] * module.count_conv3d(model.decoder)
+    feat_map = [None] * getattr(module, code.counter or "count_conv3d")(model.decoder)
     x = model.conv2(z)
 
     def step(i: int) -> torch.Tensor:
@@ -194,8 +248,27 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
     # Wan 2.2 rearranges the whole output afterwards (unpatchify): its frames are final only then.
     out = assemble_frames(step, z.shape[2], None if wan22 else frames_ready_hook())
     if wan22:
-        out = module.unpatchify(out, patch_size=2)
+        patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
+        out = module.unpatchify(out, patch_size=patch)
     return out
+
+
+def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
+    """ComfyUI 0.33+'s Wan 2.1 loop: the first latent frame, then two at a time; the decoder
+    returns each call's output as a list of chunks (its ``run_up``), stock concatenates them all
+    at the end. Here they go into one output as they come (no second whole output at the end,
+    and the frames stream out as they are final). A single latent frame runs without a cache,
+    as stock does."""
+    calls = 1 + z.shape[2] // 2
+    feat_map = [None] * getattr(module, code.counter)(model.decoder) if calls > 1 else None
+    x = model.conv2(z)
+    sizes = [1] + [x[:, :, 1 + 2 * (i - 1):1 + 2 * i].shape[2] for i in range(1, calls)]
+
+    def step(i: int) -> list:
+        chunk = x[:, :, :1] if i == 0 else x[:, :, 1 + 2 * (i - 1):1 + 2 * i]
+        return model.decoder(chunk, feat_cache=feat_map, feat_idx=[0])
+
+    return assemble_chunk_lists(step, sizes, frames_ready_hook())
 
 
 class DiffusersWanDecodeLoop:

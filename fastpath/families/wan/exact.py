@@ -13,12 +13,18 @@ Only the common case is taken: input and cache not channels-last, the cache in t
 dtype, at most as many cached frames as the causal padding, no extra arguments. Anything else
 (a channels-last tensor from an open gate's fallback, a cache in another dtype that
 ``torch.cat`` would promote) runs the stock ``forward`` itself.
+
+ComfyUI 0.33+'s conv (``wan_code``: time padding only, the convolution pads space) already
+builds its input with one ``torch.cat`` of the zero frames, the cache and the new frames, and
+a single uncached frame skips the zeros altogether (``causal_zero``): there is nothing left to
+save bit-exactly, so that conv always runs its stock ``forward``.
 """
 from __future__ import annotations
 
 import torch
 
 from ....kernels.rms_norm_exact import rms_norm_exact, rms_norm_exact_reference
+from ...comfyui.wan_code import stock_pads_in_two_copies
 from ...swap import stock_class, swapped_stock_class
 
 
@@ -70,6 +76,7 @@ class ExactCausalConv3d:
     def forward(self, x, cache_x=None, cache_list=None, cache_idx=None, *args, **kwargs):
         stock = swapped_stock_class(self)
         if (stock is None or args or kwargs or not isinstance(x, torch.Tensor)
+                or not stock_pads_in_two_copies(self)  # nothing to save (ComfyUI 0.33+)
                 or torch.compiler.is_compiling()):  # a trace must see the stock graph
             return self._stock_forward(x, cache_x, cache_list, cache_idx, *args, **kwargs)
         cached = cache_list[cache_idx] if cache_list is not None else cache_x

@@ -28,7 +28,14 @@ from .modules import (
     FusedWanResample,
     FusedWanResidualBlock,
 )
-from .ops import causal_conv_static_reason, rms_norm_static_reason
+from .ops import (
+    cache_rule,
+    causal_conv_static_reason,
+    forward_code_reason,
+    ignored_args,
+    pads,
+    rms_norm_static_reason,
+)
 
 _V21 = "comfy.ldm.wan.vae"
 _V22 = "comfy.ldm.wan.vae2_2"
@@ -55,6 +62,9 @@ TORCH_SAFE = ("torch.nn.modules.conv.Conv2d", "torch.nn.modules.container.Sequen
               "torch.nn.modules.dropout.Dropout", "torch.nn.modules.upsampling.Upsample",
               "torch.nn.modules.linear.Identity")
 KNOWN = COMFY_BLOCKS + DIFFUSERS_BLOCKS + CAUSAL_CONVS + RMS_NORMS + ATTENTIONS
+# Temporal kernels of the block and time convs: 3 (every Wan VAE so far) and 1 (newest
+# ``vae2_2``'s ``temporal_kernel=1``: no time padding, the cache is never read).
+TEMPORAL_KERNELS = (1, 3)
 
 
 def matches(model: torch.nn.Module) -> bool:
@@ -83,7 +93,7 @@ def _shortcut_reason(m) -> str | None:
     if not is_a(m, *CAUSAL_CONVS):
         return f"shortcut is a {type(m).__name__}"
     reason = causal_conv_static_reason(m, kernel_t=1)
-    if reason is None and any(m._padding):
+    if reason is None and any(pads(m)):
         return "padded shortcut conv"
     return reason
 
@@ -96,9 +106,11 @@ def comfy_block_reason(m) -> str | None:
             and is_a(r[2], *CAUSAL_CONVS) and is_a(r[6], *CAUSAL_CONVS)
             and type(r[5]) is torch.nn.Dropout):
         return "residual layers differ from RMS_norm, SiLU, conv, RMS_norm, SiLU, Dropout, conv"
-    return first_reason(rms_norm_static_reason(r[0]), rms_norm_static_reason(r[3]),
+    return first_reason(forward_code_reason(m),
+                        rms_norm_static_reason(r[0]), rms_norm_static_reason(r[3]),
                         _silu_reason(r[1]), _silu_reason(r[4]),
-                        causal_conv_static_reason(r[2], 3), causal_conv_static_reason(r[6], 3),
+                        causal_conv_static_reason(r[2], TEMPORAL_KERNELS),
+                        causal_conv_static_reason(r[6], TEMPORAL_KERNELS),
                         _shortcut_reason(m.shortcut))
 
 
@@ -122,12 +134,15 @@ def attention_reason(m) -> str | None:
             return "projection conv stride/padding/groups"
     if m.to_qkv.out_channels != 3 * m.proj.in_channels:
         return "q/k/v width"
-    return rms_norm_static_reason(m.norm)
+    return forward_code_reason(m) or rms_norm_static_reason(m.norm)
 
 
 def resample_reason(m) -> str | None:
     if m.mode not in ("upsample2d", "upsample3d"):
         return f"mode {m.mode}"
+    reason = forward_code_reason(m)
+    if reason is not None:
+        return reason
     r = getattr(m, "resample", None)
     if not isinstance(r, torch.nn.Sequential) or len(r) != 2:
         return "resample is not Upsample + Conv2d"
@@ -142,11 +157,11 @@ def resample_reason(m) -> str | None:
         return "resample conv is not a plain 3x3 conv with padding 1"
     if m.mode == "upsample3d":
         tc = m.time_conv
-        reason = causal_conv_static_reason(tc, kernel_t=3)
+        reason = causal_conv_static_reason(tc, kernel_t=TEMPORAL_KERNELS)
         if reason is not None:
             return reason
         if tuple(tc.kernel_size[1:]) != (1, 1) or tc.out_channels != 2 * tc.in_channels:
-            return "time conv is not the (3, 1, 1) conv to twice the channels"
+            return "time conv is not the (k, 1, 1) conv to twice the channels"
     return None
 
 
@@ -180,16 +195,19 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
     heads = {id(n) for n in head_norms(decoder)}
     for path, m in decoder.named_modules(prefix="decoder"):
         if is_a(m, *COMFY_BLOCKS):
-            _swap(report, path, m, FusedWanResidualBlock, comfy_block_reason(m), gate, _fvd_parts="comfy")
+            _swap(report, path, m, FusedWanResidualBlock, comfy_block_reason(m), gate, _fvd_parts="comfy",
+                  _fvd_cache_rule=cache_rule(m), _fvd_ignored=ignored_args(m))
         elif is_a(m, *DIFFUSERS_BLOCKS):
             _swap(report, path, m, FusedWanResidualBlock, diffusers_block_reason(m), gate,
                   _fvd_parts="diffusers")
         elif is_a(m, *CAUSAL_CONVS):
             _swap(report, path, m, FusedWanCausalConv3d, causal_conv_static_reason(m), gate)
         elif is_a(m, *RESAMPLES):
-            _swap(report, path, m, FusedWanResample, resample_reason(m), gate)
+            _swap(report, path, m, FusedWanResample, resample_reason(m), gate,
+                  _fvd_cache_rule=cache_rule(m), _fvd_ignored=ignored_args(m))
         elif is_a(m, *ATTENTIONS):
-            _swap(report, path, m, FusedWanAttention, attention_reason(m), gate)
+            _swap(report, path, m, FusedWanAttention, attention_reason(m), gate,
+                  _fvd_ignored=ignored_args(m))
         elif id(m) in heads:
             _swap(report, path, m, FusedRMSNorm, rms_norm_static_reason(m), gate,
                   _fvd_exact=exact_norm_reason(m) is None)

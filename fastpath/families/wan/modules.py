@@ -26,6 +26,7 @@ from ....kernels.bias_residual_add import sum_biases
 from ....kernels.rms_norm_silu import RMS_NORM_SILU
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from ...cache import cached
+from ...comfyui.wan_code import JOINED, OWN
 from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
 from ...reasons import first_reason, input_reason
@@ -42,14 +43,25 @@ from .ops import (
     next_cache,
     norm_reason,
     norm_silu,
+    pads,
     to_cl,
     to_cl3d,
 )
 
 
-def _call_reason(x, args, kwargs) -> str | None:
-    """Per-call checks shared by the cache-carrying Wan modules: only (x, feat_cache, feat_idx)."""
-    return "extra arguments" if args or kwargs else input_reason(x, RMS_NORM_SILU, rank=5)
+def _extra_reason(module, args, kwargs) -> str | None:
+    """Arguments past the ones a fused module reads are taken only where the stock forward
+    ignores them (``_fvd_ignored``, set at install from ``wan_code``: 0.33's ``final``)."""
+    ignored = module._fvd_ignored
+    if len(args) > len(ignored) or not set(kwargs) <= set(ignored):
+        return "extra arguments"
+    return None
+
+
+def _call_reason(module, x, args, kwargs) -> str | None:
+    """Per-call checks shared by the cache-carrying Wan modules: (x, feat_cache, feat_idx)."""
+    return _extra_reason(module, args, kwargs) or input_reason(x, RMS_NORM_SILU, rank=5)
+
 
 class FusedWanResidualBlock(FusedModule):
     """``RMS_norm, SiLU, CausalConv3d, RMS_norm, SiLU, Dropout, CausalConv3d`` + shortcut.
@@ -61,6 +73,8 @@ class FusedWanResidualBlock(FusedModule):
     """
 
     _fvd_parts: str = "comfy"
+    _fvd_cache_rule: str = JOINED  # what the stock block caches (``wan_code``), set at install
+    _fvd_ignored: tuple = ()  # stock parameters it never reads, set at install
 
     def _parts(self):
         if self._fvd_parts == "comfy":
@@ -69,7 +83,7 @@ class FusedWanResidualBlock(FusedModule):
         return self.norm1, self.conv1, self.norm2, self.conv2, self.conv_shortcut
 
     def fast_unsupported(self, x, feat_cache=None, feat_idx=None, *args, **kwargs) -> str | None:
-        reason = _call_reason(x, args, kwargs)
+        reason = _call_reason(self, x, args, kwargs)
         if reason is not None:
             return reason
         if self.training:
@@ -88,9 +102,10 @@ class FusedWanResidualBlock(FusedModule):
     def prewarm_channels(self):
         return self._parts()[0].gamma.shape[0]
 
-    def fast_forward(self, x, feat_cache=None, feat_idx=None):
+    def fast_forward(self, x, feat_cache=None, feat_idx=None, *_ignored, **_ignored_kw):
         norm1, conv1, norm2, conv2, shortcut = self._parts()
         keep = feat_cache is not None
+        own = self._fvd_cache_rule == OWN
         idx = feat_idx[0] if keep else 0
         prev1, prev2 = (feat_cache[idx], feat_cache[idx + 1]) if keep else (None, None)
 
@@ -98,14 +113,14 @@ class FusedWanResidualBlock(FusedModule):
         # each conv's bias and per-tap partial outputs are summed by the pass that reads them
         # next: norm2, then the residual add. The convs themselves are the stock sums.
         x = to_cl3d(x)
-        inp1, new1, zeros1 = causal_input(conv1, x, prev1)
+        inp1, new1, zeros1 = causal_input(conv1, x, prev1, writable=True)
         norm_silu(norm1, x, out=new1)
-        cache1 = next_cache(inp1, zeros1) if keep else None
+        cache1 = next_cache(inp1, zeros1, new1.shape[2] if own else None) if keep else None
         parts = conv_parts(conv1, inp1)
         del inp1, new1
-        inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2)
+        inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2, writable=True)
         norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=bias_of(conv1), out=new2)
-        cache2 = next_cache(inp2, zeros2) if keep else None
+        cache2 = next_cache(inp2, zeros2, new2.shape[2] if own else None) if keep else None
         del parts
         parts = conv_parts(conv2, inp2)
         del inp2, new2
@@ -146,6 +161,8 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
             cache_x = cache_list[cache_idx]
         if cache_x is not None and (not isinstance(cache_x, torch.Tensor) or cache_x.dim() != 5):
             return "cache is not a 5-D tensor"
+        if cache_x is not None and cache_x.shape[2] > pads(self)[0] > 0:
+            return "more cached frames than the time padding"
         return conv_weights_reason(self, x)
 
     def fast_forward(self, x, cache_x=None, cache_list=None, cache_idx=None):
@@ -190,13 +207,13 @@ class FusedWanAttention(FusedModule):
     path is exactly stock.
     """
 
+    _fvd_ignored: tuple = ()  # stock parameters it never reads (0.33's cache arguments)
+
     def forward(self, x, *args, **kwargs):
         return super().forward(x.contiguous() if isinstance(x, torch.Tensor) else x, *args, **kwargs)
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
-        if args or kwargs:
-            return "extra arguments"
-        reason = input_reason(x, RMS_NORM_SILU, rank=5)
+        reason = _extra_reason(self, args, kwargs) or input_reason(x, RMS_NORM_SILU, rank=5)
         if reason is not None:
             return reason
         return first_reason(norm_reason(self.norm, x), conv_weights_reason(self.to_qkv, x),
@@ -207,7 +224,7 @@ class FusedWanAttention(FusedModule):
     def prewarm_channels(self):
         return self.norm.gamma.shape[0]
 
-    def fast_forward(self, x):
+    def fast_forward(self, x, *_ignored, **_ignored_kw):
         b, c, t, h, w = x.shape
         identity = to_cl3d(x)
         # (b, c, t, h, w) channels-last-3d is (b, t, h, w, c) in memory: frames as a
@@ -236,17 +253,20 @@ class FusedWanResample(FusedModule):
     4 multiply-adds per output instead of 9, and no upsampled copy.
     """
 
+    _fvd_cache_rule: str = JOINED  # what the stock module caches for its time conv (``wan_code``)
+    _fvd_ignored: tuple = ()
+
     def _conv(self):
         return self.resample[1]
 
     def fast_unsupported(self, x, feat_cache=None, feat_idx=None, *args, **kwargs) -> str | None:
-        reason = _call_reason(x, args, kwargs) or conv_weights_reason(self._conv(), x)
+        reason = _call_reason(self, x, args, kwargs) or conv_weights_reason(self._conv(), x)
         if reason is not None or self.mode == "upsample2d" or feat_cache is None:
             return reason
         return first_reason(cache_entry_reason(feat_cache, feat_idx, 1, markers=("Rep",)),
                             conv_weights_reason(self.time_conv, x))
 
-    def fast_forward(self, x, feat_cache=None, feat_idx=None):
+    def fast_forward(self, x, feat_cache=None, feat_idx=None, *_ignored, **_ignored_kw):
         x = to_cl3d(x)
         commit = None
         if self.mode == "upsample3d" and feat_cache is not None:
@@ -256,8 +276,10 @@ class FusedWanResample(FusedModule):
                 commit = (idx, "Rep")  # the first chunk keeps its single frame
             else:
                 rep = isinstance(prev, str)
-                y, cache = causal_conv3d(self.time_conv, x, None if rep else prev, keep_cache=True)
-                if rep and x.shape[2] < 2:  # stock stores a zero frame before the single one
+                y, cache = causal_conv3d(self.time_conv, x, None if rep else prev, keep_cache=True,
+                                         rule=self._fvd_cache_rule)
+                if rep and x.shape[2] < 2 and self._fvd_cache_rule == JOINED:
+                    # that stock code stores a zero frame before the single one
                     cache = to_cl3d(torch.cat([torch.zeros_like(cache), cache], 2))
                 x = _interleave_halves(y)
                 commit = (idx, cache)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ...cache import cached
+from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, method_code, stock_class
 from ...comfyui.weights import bias_of, comfy_cast_reason, fetch_reason, is_stable, weight_of
 from ...reasons import AUTOGRAD
 
@@ -84,20 +85,57 @@ def cache_entry_reason(feat_cache, feat_idx, count: int, markers: tuple = ()) ->
 # --- static structure (checked at install) ---------------------------------------------------
 
 
-def causal_conv_static_reason(conv: torch.nn.Module, kernel_t: int | None = None) -> str | None:
-    """Why ``causal_conv3d`` cannot stand in for ``conv`` (a stock causal conv)."""
+def causal_conv_static_reason(conv: torch.nn.Module, kernel_t: int | tuple | None = None) -> str | None:
+    """Why ``causal_conv3d`` cannot stand in for ``conv`` (a stock causal conv); ``kernel_t``:
+    the temporal kernel(s) the caller takes. The time padding must be the causal one (all in
+    front, kernel - 1 frames), the most frames a cache holds."""
     if not isinstance(conv, torch.nn.Conv3d):
         return f"conv is a {type(conv).__name__}, not a Conv3d"
-    pad = getattr(conv, "_padding", None)
-    if not isinstance(pad, tuple) or len(pad) != 6:
-        return "conv has no causal padding"
-    if tuple(conv.padding) != (0, 0, 0) or conv.padding_mode != "zeros":
-        return "conv pads by itself"
-    if pad[0] != pad[1] or pad[2] != pad[3] or pad[5] != 0 or pad[4] > CACHE_T:
-        return f"causal padding {pad}"
-    if kernel_t is not None and conv.kernel_size[0] != kernel_t:
-        return f"temporal kernel {conv.kernel_size[0]}"
+    if fingerprinted(stock_class(conv)):
+        code = method_code(conv, "forward")
+        if isinstance(code, str):
+            return code
+    pad = causal_padding(conv)
+    if isinstance(pad, str):
+        return pad
+    kt = conv.kernel_size[0]
+    if kernel_t is not None and kt not in ((kernel_t,) if isinstance(kernel_t, int) else kernel_t):
+        return f"temporal kernel {kt}"
+    if pad[0] != kt - 1 or pad[0] > CACHE_T:
+        return f"time padding {pad[0]} for a temporal kernel {kt}"
+    if tuple(conv.stride) != (1, 1, 1) or tuple(conv.dilation) != (1, 1, 1):
+        return "strided or dilated conv"
     return None
+
+
+def pads(conv: torch.nn.Module) -> tuple[int, int, int]:
+    """``(time, height, width)`` padding of a conv ``causal_conv_static_reason`` accepted."""
+    pad = causal_padding(conv)
+    if isinstance(pad, str):
+        raise RuntimeError(pad)
+    return pad
+
+
+def cache_rule(module: torch.nn.Module) -> str:
+    """What ``module``'s stock forward caches for its causal convs (``wan_code.JOINED``/``OWN``);
+    diffusers' classes (not fingerprinted) cache the way ComfyUI 0.8 does."""
+    code = method_code(module, "forward")
+    return JOINED if isinstance(code, str) or code.cache is None else code.cache
+
+
+def ignored_args(module: torch.nn.Module) -> tuple[str, ...]:
+    """The parameters of ``module``'s stock forward that it never reads (a fused call may get them)."""
+    code = method_code(module, "forward")
+    return () if isinstance(code, str) else code.ignored
+
+
+def forward_code_reason(module: torch.nn.Module) -> str | None:
+    """Why the fused class may not stand in for ``module``: its stock forward (ComfyUI's classes
+    only; diffusers' are taken as they are) is code this pack has not seen."""
+    if not fingerprinted(stock_class(module)):
+        return None
+    code = method_code(module, "forward")
+    return code if isinstance(code, str) else None
 
 
 def rms_norm_static_reason(norm: torch.nn.Module) -> str | None:
@@ -188,11 +226,16 @@ def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
     The caller adds the parts and the bias in the pass that reads them next (the following
     norm, or the residual add), instead of two ``+=`` passes and torch's separate bias pass.
     """
-    pad_w, _, pad_h, _, _, _ = conv._padding
+    _, pad_h, pad_w = pads(conv)
+    short = conv.kernel_size[0] - inp.shape[2]  # > 0: the missing front frames are zeros
     if _as_2d_taps(conv, inp):
         return tap_parts(conv, inp, pad_h, pad_w)
-    out = F.conv3d(inp, conv_weight(conv, CL3D), None, conv.stride, (0, pad_h, pad_w),
-                   conv.dilation, conv.groups)
+    weight = conv_weight(conv, CL3D)
+    if short > 0:  # as ComfyUI's autopad="causal_zero": only the taps that meet real frames
+        full = weight_of(conv)
+        weight = cached(conv, f"taps_from:{short}", (full,), lambda: full[:, :, short:]
+                        .detach().contiguous(memory_format=CL3D), keep=is_stable(conv))
+    out = F.conv3d(inp, weight, None, conv.stride, (0, pad_h, pad_w), conv.dilation, conv.groups)
     return [to_cl3d(out)]  # cuDNN keeps channels-last-3d; some CPU conv paths do not
 
 
@@ -202,13 +245,14 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
     conv over a frame slice of the same memory; each output is again a (1, C, T', H, W)
     channels-last-3d view."""
     frames = inp[0].permute(1, 0, 2, 3)
-    out_t = frames.shape[0] - 2
+    first = max(0, 3 - frames.shape[0])  # taps before it meet only the implicit zero frames
+    out_t = frames.shape[0] - 2 + first
     weight = weight_of(conv)
     taps = cached(conv, "taps", (weight,), lambda: [
         weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
         for k in range(3)], keep=is_stable(conv))
-    return [F.conv2d(frames[k:k + out_t], taps[k], None, padding=(pad_h, pad_w))
-            .unsqueeze(0).permute(0, 2, 1, 3, 4) for k in range(3)]
+    return [F.conv2d(frames[k - first:k - first + out_t], taps[k], None, padding=(pad_h, pad_w))
+            .unsqueeze(0).permute(0, 2, 1, 3, 4) for k in range(first, 3)]
 
 
 def sum_parts(parts: list[torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
@@ -221,16 +265,25 @@ def sum_parts(parts: list[torch.Tensor], bias: torch.Tensor | None) -> torch.Ten
     return out
 
 
-def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, int]:
+def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
+                 writable: bool = False) -> tuple[torch.Tensor, torch.Tensor, int]:
     """The causal conv's input buffer for new frames shaped like ``x``: ``(buffer, view of its
     new frames, zero frames in front)``. Cached frames ``prev`` (used only when the conv pads
     time, the stock rule) are copied in behind the zero frames; the caller writes the new
     frames into the view (a producer kernel can write there directly: no extra copy).
     Spatial zero padding is the convolution's own ``padding``, which computes the same sums.
+
+    A single new frame with nothing cached gets no zero frames at all: ``conv_parts`` then uses
+    only the temporal taps that meet it (the sums of ComfyUI's ``autopad="causal_zero"``).
+    Without time padding the buffer is ``x`` itself unless ``writable`` (the caller writes the
+    new frames and still needs ``x``).
     """
-    pad_t = conv._padding[4]
-    if pad_t == 0:
-        return x, x, 0
+    pad_t = pads(conv)[0]
+    if pad_t == 0 or (prev is None and x.shape[2] == 1):
+        if not writable:
+            return x, x, 0
+        inp = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+        return inp, inp, 0
     n_prev = prev.shape[2] if prev is not None else 0
     zeros = pad_t - n_prev
     if zeros < 0:
@@ -245,29 +298,35 @@ def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None) -> tuple[torc
     return inp, inp[:, :, zeros + n_prev:], zeros
 
 
-def next_cache(inp: torch.Tensor, zeros: int) -> torch.Tensor:
-    """What the stock block caches for a conv that pads time: the last ``CACHE_T`` frames of
-    ``prev ++ x``, which in the assembled input are the frames after the zero padding."""
+def next_cache(inp: torch.Tensor, zeros: int, new: int | None = None) -> torch.Tensor:
+    """What the stock block caches for a conv: the last ``CACHE_T`` frames of ``prev ++ x``
+    (``wan_code.JOINED``), which in the assembled input are the frames after the zero padding;
+    given the number of ``new`` frames, of ``x`` alone (``wan_code.OWN``)."""
     start = max(zeros, inp.shape[2] - CACHE_T)
+    if new is not None:
+        start = max(start, inp.shape[2] - new)
     return inp[:, :, start:].clone(memory_format=CL3D)
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,
-                  keep_cache: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  keep_cache: bool = False, rule: str = JOINED) -> tuple[torch.Tensor, torch.Tensor | None]:
     """A stock causal conv applied to channels-last-3d ``x`` after the cached frames ``prev``.
 
     Returns ``(output, next cache)``; the next cache (only with ``keep_cache``) is what the
-    stock block stores for this conv: the last ``CACHE_T`` frames of ``prev ++ x`` (just ``x``
-    when that is one frame and there is no ``prev``), as a new tensor. The stock module
-    concatenates and pads with two copies; here the input is assembled once (``causal_input``).
+    stock block stores for this conv under its cache ``rule``: the last ``CACHE_T`` frames of
+    ``prev ++ x`` (``JOINED``; just ``x`` when that is one frame and there is no ``prev``) or of
+    ``x`` (``OWN``), as a new tensor. The stock module concatenates (and pads) with copies;
+    here the input is assembled once (``causal_input``).
     """
-    pad_t = conv._padding[4]
+    pad_t = pads(conv)[0]
     inp, new, zeros = causal_input(conv, x, prev if pad_t > 0 else None)
     if new is not x:
         new.copy_(x)
     cache = None
     if keep_cache:
-        if pad_t > 0:
+        if rule == OWN:
+            cache = x[:, :, -CACHE_T:].clone(memory_format=CL3D)
+        elif pad_t > 0:
             cache = next_cache(inp, zeros)
         elif x.shape[2] < CACHE_T and prev is not None:
             cache = to_cl3d(torch.cat([prev[:, :, -1:].to(x.device), x], dim=2))
