@@ -4,8 +4,10 @@ from __future__ import annotations
 from comfy_api.latest import io
 
 from ..fastpath.pixels.decode import decode_pixels
+from ..fastpath.progress import progress_to
 from ..fastpath.quality import DEFAULT_QUALITY, QUALITIES, decode_at_quality
 from .latent import latent_samples
+from .progress import comfy_progress
 from .unload_hook import ensure_unload_hook
 
 CATEGORY = "latent/fast vae"
@@ -50,10 +52,16 @@ class FastVAEDecode(io.ComfyNode):
         return decode_node_output(vae, quality, lambda: decode_pixels(vae, latent))
 
 
-def decode_node_output(vae, quality: str, decode) -> io.NodeOutput:
-    """Run ``decode()`` at ``quality``; the IMAGE shaped like VAEDecode's, and the UI status."""
+def decode_node_output(vae, quality: str, decode, progress_bar: bool = True) -> io.NodeOutput:
+    """Run ``decode()`` at ``quality``; the IMAGE shaped like VAEDecode's, and the UI status.
+
+    The decode advances ComfyUI's progress bar per finished chunk (``progress_bar=False``: the
+    caller's decode drives its own, as ComfyUI's tiled decode does per tile) and stops between
+    chunks when the user cancels, with ComfyUI's interrupt exception.
+    """
     if quality == "high":
         ensure_unload_hook(vae)
-    images, outcome = decode_at_quality(vae, quality, decode)
+    with progress_to(comfy_progress(progress_bar)):
+        images, outcome = decode_at_quality(vae, quality, decode)
     return io.NodeOutput(images_like_vae_decode(images),
                          ui={"text": [outcome.text()], "fast_vae_decode": [outcome.as_ui()]})

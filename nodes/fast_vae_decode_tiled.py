@@ -42,4 +42,6 @@ class FastVAEDecodeTiled(io.ComfyNode):
                 temporal_overlap=8, quality=DEFAULT_QUALITY) -> io.NodeOutput:
         latent = latent_samples(samples, vae)
         args = tile_args(vae, tile_size, overlap, temporal_size, temporal_overlap)
-        return decode_node_output(vae, quality, lambda: vae.decode_tiled(latent, **args.as_kwargs()))
+        # ComfyUI's tiled decode advances the node's progress bar per tile itself.
+        return decode_node_output(vae, quality, lambda: vae.decode_tiled(latent, **args.as_kwargs()),
+                                  progress_bar=False)

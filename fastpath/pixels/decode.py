@@ -17,8 +17,12 @@ import torch
 
 from ..install import find_family
 from ..log import log_once
+from ..progress import advance, nested
 from .finish import FrameStream, finish_pixels
 from .frames import frames_to
+
+# Progress units per batch slice: a video decoder's own chunks subdivide its slice.
+SLICE_UNITS = 100
 
 
 @dataclass
@@ -102,6 +106,7 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
                        force_full_load=getattr(vae, "disable_offload", False))
     per_pass = max(1, int(mm.get_free_memory(vae.device) / memory_used))
     count = latent.shape[0]
+    passes = -(-count // per_pass)
     pixels = None
     try:
         for start in range(0, count, per_pass):
@@ -118,7 +123,8 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
             # (or a stream cut short) is finished from the returned output.
             stream = FrameStream(vae.process_output, dest_for)
             try:
-                with frames_to(stream.frames_ready):
+                with frames_to(stream.frames_ready), nested(start // per_pass, SLICE_UNITS,
+                                                            passes):
                     out = vae.first_stage_model.decode(z)
                 streamed = stream.complete(out)
             finally:
@@ -126,6 +132,7 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
             if not streamed:
                 finish_pixels(out, vae.process_output, dest_for(out))
             del out, z
+            advance((start // per_pass + 1) * SLICE_UNITS, passes * SLICE_UNITS)
     except mm.OOM_EXCEPTION:
         return None
     return pixels

@@ -30,6 +30,7 @@ from ...comfyui.wan_code import method_code
 from ...log import log_once_for
 from ...module_clone import clone_module, tensor_copier
 from ...pixels.frames import FramesReady, frames_ready_hook
+from ...progress import advance
 from ...recognize import class_names, stock_class_name
 from ...swap import stock_class, swap_in
 
@@ -51,6 +52,16 @@ _NOT_FINITE_FP16 = ("fp16 overflowed in the Wan decoder (non-finite output); thi
                     "decoded again in bf16 -- choose bf16 for this VAE to skip the double work")
 
 
+def _reporting(step: Callable[[int], object], steps: int) -> Callable[[int], object]:
+    """``step`` that reports each finished call as one of ``steps`` chunks (``progress``); a
+    caller stopping the decode there does so between chunks."""
+    def run(i: int):
+        out = step(i)
+        advance(i + 1, steps)
+        return out
+    return run
+
+
 def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
                     frames_ready: FramesReady | None = None) -> torch.Tensor:
     """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame.
@@ -60,6 +71,7 @@ def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
     differs: Wan upsamples time 4x except for the first latent frame); a chunk that does not fit
     that plan is concatenated instead, so any chunk sizes give the stock result.
     """
+    step = _reporting(step, frames)
     first = step(0)
     if frames == 1:
         return first  # stock returns the decoder's output itself
@@ -101,6 +113,7 @@ def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
     except for the first latent frame); chunks that do not fit that plan are concatenated
     instead, so any chunk sizes give the stock result.
     """
+    step = _reporting(step, len(sizes))
     first = step(0)
     if len(sizes) == 1:
         return torch.cat(first, 2)  # what stock returns: a new tensor even for one chunk
