@@ -46,7 +46,10 @@ class Subject:
 
 def _decoder_dtype(model: torch.nn.Module) -> torch.dtype:
     inner = getattr(model, "decoder", model)
-    return next(inner.parameters()).dtype
+    weight = next(inner.parameters())
+    # ComfyUI's dynamic loader leaves the stored Parameter as it was read and computes in the
+    # model dtype it tags the Parameter with (cast per call).
+    return getattr(weight, "_model_dtype", None) or weight.dtype
 
 
 def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subject:

@@ -10,8 +10,8 @@ ComfyUI's ``comfy.ops`` modules compute with something other than their raw Para
 
 A fused call opens ``weights_for_call()``; each module whose weights it reads is fetched once
 with ``fetch_reason(module, x)`` through ComfyUI's own ``cast_bias_weight`` (never a copy of its
-logic) and given back with ``uncast_bias_weight`` when the call ends, exactly as the stock op
-does around its one kernel. ``weight_of`` / ``bias_of`` then return what the stock op would have
+logic); a pinned VRAM slot is given back with ``uncast_bias_weight`` when the call ends, as the
+stock op does around its one kernel. ``weight_of`` / ``bias_of`` then return what the stock op would have
 computed with. Folded buffers may be kept only for weights that outlive the call
 (``is_stable``): the module's own Parameters or a resident VRAM slot; a fold of a per-call copy
 is rebuilt per call and never kept.
@@ -98,17 +98,25 @@ class CallWeights:
         if functions is None:
             return cast_reason  # not ComfyUI's own ops, or a tree without the cast pair
         cast, uncast = functions
+        state_dict = module.__dict__
+        # A VRAM slot (``_v``) is pinned while in use and must be given back (offloadable);
+        # any other cast is fetched as private tensors (not offloadable): an offloadable cast
+        # of host weights lands in a staging buffer that the next module's cast reuses, and a
+        # fused block holds several modules' weights at once.
+        offloadable = "_v" in state_dict
         try:
-            weight, bias, state = cast(module, x, offloadable=True)
+            fetched_tensors = cast(module, x, offloadable=offloadable)
         except Exception as exc:  # fail closed: the stock forward fetches (or raises) its own way
             return f"ComfyUI could not fetch the weights ({type(exc).__name__})"
-        state_dict = module.__dict__
+        weight, bias = fetched_tensors[0], fetched_tensors[1]
+        state = fetched_tensors[2] if offloadable else None
         stable = ((weight is state_dict.get("_parameters", {}).get("weight")
                    or weight is state_dict.get("_v_weight"))
                   and (bias is None or bias is state_dict.get("_parameters", {}).get("bias")
                        or bias is state_dict.get("_v_bias")))
-        fetched = _Fetched(weight, bias, bool(stable),
-                           lambda m=module, w=weight, b=bias, s=state: uncast(m, w, b, s))
+        release = (None if not offloadable else
+                   lambda m=module, w=weight, b=bias, s=state: uncast(m, w, b, s))
+        fetched = _Fetched(weight, bias, bool(stable), release)
         self._held[id(module)] = (module, fetched)
         if "_v" in state_dict and not stable:
             # The VRAM slot could not hold it: ComfyUI streams this module's weights through a
