@@ -2,7 +2,7 @@
 
 - Tier 1 (default, CI): CPU only. Triton kernels run under ``TRITON_INTERPRET=1``; it has to be
   set before any ``@triton.jit`` decorator runs, so it is set here, before the package imports.
-- Tier 2: ``COMFYUI_PATH`` points at a ComfyUI tree (see ``comfy_env.py``).
+- Tier 2: ``COMFYUI_PATH`` points at a ComfyUI tree (see ``support/comfy_env.py``).
 - Tier 3: the ``cuda`` marker; skipped without a GPU.
 """
 from __future__ import annotations
@@ -19,6 +19,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# The tests' helper package ``support`` (tests/support/) is imported from here.
+if str(REPO / "tests") not in sys.path:
+    sys.path.insert(0, str(REPO / "tests"))
 PACKAGE = "fast_vae_decode"
 
 
@@ -68,7 +71,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="module")
 def pack():
     """Tier 2: ComfyUI's NODE_CLASS_MAPPINGS after its own loader loaded this pack."""
-    from comfy_env import loaded_pack
+    from support.comfy_env import loaded_pack
 
     return loaded_pack()
 

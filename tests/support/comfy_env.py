@@ -19,7 +19,7 @@ import pytest
 import torch
 
 COMFYUI_PATH = os.environ.get("COMFYUI_PATH")
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 PACK_DIR_NAME = "ComfyUI-Fast-VAE-Decode"
 
 requires_comfyui = pytest.mark.skipif(

@@ -15,9 +15,9 @@ import urllib.request
 
 import pytest
 
-from comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer
-from comfy_workflows import check_api_prompt, check_ui_workflow, ui_to_api
+from support.comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
+from support.comfy_server import ComfyServer
+from support.comfy_workflows import check_api_prompt, check_ui_workflow, ui_to_api
 
 
 def tier2(test):
@@ -25,7 +25,7 @@ def tier2(test):
     return requires_comfyui(pytest.mark.comfyui(test))
 
 
-EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[1] / "example_workflows"
+EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "example_workflows"
 EXAMPLES = sorted(EXAMPLES_DIR.glob("*.json"))
 API_TWINS = sorted((EXAMPLES_DIR / "api").glob("*.api.json"))
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, pack_module, requires_comfyui
+from support.comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 

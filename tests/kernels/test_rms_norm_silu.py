@@ -194,7 +194,7 @@ def test_config_covers_wan_channels():
 
 def test_imports_without_triton():
     """The module must import, refuse and fall back when Triton is absent."""
-    repo = pathlib.Path(__file__).resolve().parents[1]
+    repo = pathlib.Path(__file__).resolve().parents[2]
     code = f"""
 import importlib.util, sys, torch
 sys.modules["triton"] = None  # makes `import triton` raise ImportError

@@ -9,9 +9,9 @@ import pathlib
 import subprocess
 import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
-from comfy_env import requires_comfyui  # noqa: E402
+from support.comfy_env import requires_comfyui  # noqa: E402
 
 SCRIPT = r"""
 import importlib.util, json, sys
@@ -49,7 +49,7 @@ sys.modules["triton"] = None
 sys.path.insert(0, sys.argv[1])
 import conftest  # maps the checkout to fast_vae_decode, as in the test session
 import torch
-from comfy_env import comfy_nodes, loaded_pack
+from support.comfy_env import comfy_nodes, loaded_pack
 from fast_vae_decode.bench.models import comfy_vae
 nodes = comfy_nodes()
 pack = loaded_pack()

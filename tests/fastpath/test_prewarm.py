@@ -22,8 +22,8 @@ from fast_vae_decode.fastpath.install import install_fast_path
 diffusers = pytest.importorskip("diffusers")
 from test_kl_family import _decode, _latent, tiny_vae  # noqa: E402
 
-from wan_models import latent as wan_latent  # noqa: E402
-from wan_models import tiny_wan  # noqa: E402
+from support.wan_models import latent as wan_latent  # noqa: E402
+from support.wan_models import tiny_wan  # noqa: E402
 
 
 @pytest.fixture

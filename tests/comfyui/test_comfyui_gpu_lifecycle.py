@@ -17,7 +17,7 @@ import gc
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, pack_module, requires_comfyui
+from support.comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 

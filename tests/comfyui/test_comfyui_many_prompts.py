@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer, add_vae_file, as_saved, saved_png
+from support.comfy_env import comfy_nodes, requires_comfyui
+from support.comfy_server import ComfyServer, add_vae_file, as_saved, saved_png
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 

@@ -15,9 +15,9 @@ import os
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, requires_comfyui
 from fast_vae_decode.bench import models
 from fast_vae_decode.bench.timing import psnr_db, to_unit_range
+from support.comfy_env import comfy_nodes, requires_comfyui
 
 
 class _Small(torch.nn.Module):

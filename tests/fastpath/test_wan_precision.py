@@ -15,7 +15,7 @@ from fast_vae_decode.fastpath.families.wan.precision import PRECISIONS, with_dec
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
-from wan_models import latent, psnr, tiny_wan
+from support.wan_models import latent, psnr, tiny_wan
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 DECODER_SIDE = ("decoder.", "post_quant_conv.")

@@ -236,7 +236,7 @@ def test_declines_while_torch_compile_traces(monkeypatch):
 
 
 def test_imports_and_falls_back_without_triton():
-    repo = pathlib.Path(__file__).resolve().parents[1]
+    repo = pathlib.Path(__file__).resolve().parents[2]
     script = textwrap.dedent(
         """
         import importlib.util, pathlib, sys

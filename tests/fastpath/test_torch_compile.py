@@ -48,7 +48,7 @@ def test_compiled_installed_decoder_is_stock(monkeypatch, gate_open):
 def test_compiled_installed_wan_decoder_traces_the_stock_convs(monkeypatch):
     """The lossless shortcuts (one-buffer causal conv input) step aside inside a trace too."""
     from fast_vae_decode.fastpath.families.wan import exact as wan_exact
-    from wan_models import latent, tiny_wan
+    from support.wan_models import latent, tiny_wan
 
     model, stock = tiny_wan("wan21"), tiny_wan("wan21")
     assert install_fast_path(model).installed

@@ -22,10 +22,10 @@ import warnings
 
 import pytest
 
-from cdp_browser import Browser, find_chromium
-from comfy_env import COMFYUI_PATH, comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer, add_vae_file
-from comfy_workflows import without_meta
+from support.cdp_browser import Browser, find_chromium
+from support.comfy_env import COMFYUI_PATH, comfy_nodes, requires_comfyui
+from support.comfy_server import ComfyServer, add_vae_file
+from support.comfy_workflows import without_meta
 
 pytestmark = [
     requires_comfyui,
@@ -34,8 +34,8 @@ pytestmark = [
     pytest.mark.comfyui,
 ]
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-UI_WORKFLOW = REPO / "tests" / "workflows" / "fast_vae_decode_ui.json"
+REPO = pathlib.Path(__file__).resolve().parents[2]
+UI_WORKFLOW = REPO / "tests" / "support" / "workflows" / "fast_vae_decode_ui.json"
 EXAMPLES = sorted((REPO / "example_workflows").glob("*.json"))
 APP = "window.comfyAPI.app.app"
 SETTING = "FastVAEDecode.DefaultQuality"

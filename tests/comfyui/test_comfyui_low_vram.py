@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, pack_module, requires_comfyui
+from support.comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, requires_comfyui
+from support.comfy_env import comfy_nodes, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui, pytest.mark.usefixtures("no_interpreter")]
 

@@ -16,11 +16,11 @@ import sys
 import pytest
 import torch
 
-from comfy_env import COMFYUI_PATH, requires_comfyui
+from support.comfy_env import COMFYUI_PATH, requires_comfyui
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui, pytest.mark.cuda]
 
-PROBE = pathlib.Path(__file__).with_name("comfy_main_probe.py")
+PROBE = pathlib.Path(__file__).parents[1] / "support" / "comfy_main_probe.py"
 
 
 def _has_dynamic_vram() -> bool:

@@ -21,7 +21,7 @@ from fast_vae_decode.fastpath.families.wan.modules import (
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
-from wan_models import latent, psnr, tiny_wan
+from support.wan_models import latent, psnr, tiny_wan
 
 # (model kind, latent shape)
 CASES = [

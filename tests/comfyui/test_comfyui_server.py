@@ -7,12 +7,12 @@ import pathlib
 
 import pytest
 
-from comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
-from comfy_server import ComfyServer, add_vae_file
+from support.comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
+from support.comfy_server import ComfyServer, add_vae_file
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
-WORKFLOW = pathlib.Path(__file__).parent / "workflows" / "fast_vae_decode_api.json"
+WORKFLOW = pathlib.Path(__file__).parents[1] / "support" / "workflows" / "fast_vae_decode_api.json"
 
 
 @pytest.fixture(scope="module")

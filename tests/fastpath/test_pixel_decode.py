@@ -13,8 +13,8 @@ import copy
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, pack_module, requires_comfyui
 from fast_vae_decode.fastpath.pixels import finish as pixel_finish
+from support.comfy_env import comfy_nodes, pack_module, requires_comfyui
 
 
 def _comfy_finish(image):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from comfy_env import comfy_nodes, loaded_pack, requires_comfyui
 from fast_vae_decode.fastpath.families.wan.precision import with_decoder_precision
 from fast_vae_decode.fastpath.gate import gate_for, gates_opened
 from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
-from wan_models import psnr
+from support.comfy_env import comfy_nodes, loaded_pack, requires_comfyui
+from support.wan_models import psnr
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 

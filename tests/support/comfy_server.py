@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 
-from comfy_env import COMFYUI_PATH, PACK_DIR_NAME, REPO
+from support.comfy_env import COMFYUI_PATH, PACK_DIR_NAME, REPO
 
 
 def _free_port() -> int:
