@@ -48,6 +48,11 @@ def setup_comfyui(path: pathlib.Path,
         if path not in loaded:
             raise RuntimeError(f"ComfyUI is already imported from {sorted(map(str, loaded))}, "
                                f"not {path}")
+        if "comfy.model_management" in sys.modules and "nodes" in sys.modules and \
+                str(getattr(sys.modules["nodes"], "__file__", "")).startswith(str(path)):
+            # Already initialised in this process (by its main.py or a test harness): its
+            # flags were parsed then, so it is used as it is.
+            return sys.modules["nodes"]
     entry = str(path)
     for name in ("nodes", "main", "utils"):  # this repository's or another tree's modules
         shadow = sys.modules.get(name)
