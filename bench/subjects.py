@@ -34,8 +34,14 @@ class Subject:
 
     @property
     def dtype(self) -> torch.dtype:
-        """The decoder's weight dtype (a precision variant's ``vae_dtype`` is its encoder's)."""
-        return _decoder_dtype(decoder_models(self.vae)[0])
+        """The dtype the decoder computes in: a precision variant's decoder dtype (its
+        ``vae_dtype`` is its encoder's), else ComfyUI's ``vae_dtype`` (under dynamic VRAM the
+        stored weights keep the file's dtype and are cast per call), else the weights'."""
+        model = decoder_models(self.vae)[0]
+        chosen = model.__dict__.get("_fvd_decoder_dtype")
+        if chosen is None and self.backend == "comfyui":
+            chosen = getattr(self.vae, "vae_dtype", None)
+        return chosen or _decoder_dtype(model)
 
     def with_vae(self, vae: Any) -> "Subject":
         """The same latent and calls on another VAE (a decode-precision variant)."""
@@ -46,10 +52,7 @@ class Subject:
 
 def _decoder_dtype(model: torch.nn.Module) -> torch.dtype:
     inner = getattr(model, "decoder", model)
-    weight = next(inner.parameters())
-    # ComfyUI's dynamic loader leaves the stored Parameter as it was read and computes in the
-    # model dtype it tags the Parameter with (cast per call).
-    return getattr(weight, "_model_dtype", None) or weight.dtype
+    return next(inner.parameters()).dtype
 
 
 def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subject:
