@@ -64,43 +64,14 @@ def _reporting(step: Callable[[int], object], steps: int) -> Callable[[int], obj
 
 def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
                     frames_ready: FramesReady | None = None) -> torch.Tensor:
-    """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame.
+    """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame
+    (``assemble_chunk_lists`` with one chunk per latent frame).
 
-    ``step(i)`` must be called in order (it advances the decoder's frame cache). The output is
-    allocated once the second chunk shows how many frames a later chunk has (the first one
-    differs: Wan upsamples time 4x except for the first latent frame); a chunk that does not fit
-    that plan is concatenated instead, so any chunk sizes give the stock result.
+    ``step(i)`` must be called in order (it advances the decoder's frame cache).
     """
-    step = _reporting(step, frames)
-    first = step(0)
     if frames == 1:
-        return first  # stock returns the decoder's output itself
-    second = step(1)
-    per = second.shape[2]
-    total = first.shape[2] + per * (frames - 1)
-    out = torch.empty(first.shape[:2] + (total,) + first.shape[3:], dtype=first.dtype,
-                      device=first.device)
-    pos, extra = 0, []
-    for i in range(frames):
-        chunk = first if i == 0 else second if i == 1 else step(i)
-        if i == 0:
-            first = None  # the output holds it now; drop the reference before the next step
-        elif i == 1:
-            second = None
-        n = chunk.shape[2]
-        fits = (not extra and pos + n <= total and chunk.dtype == out.dtype
-                and chunk.device == out.device and chunk.shape[:2] == out.shape[:2]
-                and chunk.shape[3:] == out.shape[3:])
-        if fits:
-            out[:, :, pos:pos + n].copy_(chunk)
-            if frames_ready is not None:
-                frames_ready(out, pos, pos + n)
-            pos += n
-        else:
-            extra.append(chunk)
-    if extra or pos != total:
-        return torch.cat([out[:, :, :pos]] + extra, 2)
-    return out
+        return _reporting(step, 1)(0)  # stock returns the decoder's output itself
+    return assemble_chunk_lists(lambda i: [step(i)], [1] * frames, frames_ready)
 
 
 def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
