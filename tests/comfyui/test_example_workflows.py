@@ -3,6 +3,7 @@ for the running server: every node exists, every input name exists, combo values
 the server's options (model file names excepted: they are the user's), numbers are in range,
 links join outputs and inputs of matching types, and each UI-format workflow maps to exactly
 its API-format twin in example_workflows/api/. Nothing is executed: there are no model files.
+(The checks of the files alone are tier 1, in tests/project/test_example_workflow_files.py.)
 
 test_web_extension.py also loads each example in the real frontend and compares what it would
 post to /prompt with the twin.
@@ -10,7 +11,6 @@ post to /prompt with the twin.
 from __future__ import annotations
 
 import json
-import pathlib
 import urllib.request
 
 import pytest
@@ -18,16 +18,12 @@ import pytest
 from support.comfy_env import PACK_DIR_NAME, comfy_nodes, requires_comfyui
 from support.comfy_server import ComfyServer
 from support.comfy_workflows import check_api_prompt, check_ui_workflow, ui_to_api
+from support.example_workflows import EXAMPLES, EXAMPLES_DIR, twin_of
 
 
 def tier2(test):
-    """Needs a ComfyUI server; the checks of the files alone run in every tier."""
+    """Needs a ComfyUI server (the checks of the files alone are tier 1, elsewhere)."""
     return requires_comfyui(pytest.mark.comfyui(test))
-
-
-EXAMPLES_DIR = pathlib.Path(__file__).resolve().parents[2] / "example_workflows"
-EXAMPLES = sorted(EXAMPLES_DIR.glob("*.json"))
-API_TWINS = sorted((EXAMPLES_DIR / "api").glob("*.api.json"))
 
 
 @pytest.fixture(scope="module")
@@ -41,21 +37,6 @@ def server(tmp_path_factory):
 @pytest.fixture(scope="module")
 def object_info(server) -> dict:
     return server.get("/object_info")
-
-
-def twin_of(example: pathlib.Path) -> pathlib.Path:
-    return EXAMPLES_DIR / "api" / f"{example.stem}.api.json"
-
-
-def test_every_example_has_an_api_twin_and_no_twin_is_orphaned():
-    assert EXAMPLES, "example_workflows/ is empty"
-    assert sorted(twin_of(e) for e in EXAMPLES) == API_TWINS
-
-
-def test_examples_use_the_pack_nodes():
-    for example in EXAMPLES:
-        types = {n["type"] for n in json.loads(example.read_text())["nodes"]}
-        assert "FastVAEDecode" in types, example.name
 
 
 @tier2

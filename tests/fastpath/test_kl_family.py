@@ -3,21 +3,17 @@
 Tier 1 (CPU): tiny models from small configs with seeded random weights; the fast path runs
 under TRITON_INTERPRET. Install contracts (state dict, idempotence, closed gate bit-exact), the
 open gate close to lossless, fail-closed per module and per call, the fold caches, and
-``load_state_dict`` into an installed model.
-
-Tier 3 (``cuda``): SDXL- and Flux-architecture decoders at full width, bf16, 1024² output:
-high against lossless PSNR >= 50 dB, finite. (ComfyUI's classes are tier 2, elsewhere.)
+``load_state_dict`` into an installed model. (Tier 3, SDXL- and Flux-architecture decoders at
+full width on a GPU, is in test_kl_family_gpu.py; ComfyUI's classes are tier 2, elsewhere.)
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from fast_vae_decode.bench.models import init_weights_
 from fast_vae_decode.fastpath import cache, install
 from fast_vae_decode.fastpath.families.kl import install as kl
 from fast_vae_decode.fastpath.families.kl import ops as kl_ops
@@ -29,8 +25,7 @@ from fast_vae_decode.kernels import group_norm_silu as group_norm_silu_module
 from fast_vae_decode.kernels.group_norm_silu import group_norm_silu_unsupported
 
 diffusers = pytest.importorskip("diffusers")
-
-TINY_LATENT = (1, 4, 8, 8)  # 16x16 output through two levels: small enough for the interpreter
+from support.kl_models import _config, _decode, _init_, _latent, tiny_vae  # noqa: E402
 
 # fp32 on the CPU, open gate vs stock: the fast path reorders sums (Welford statistics split
 # over programs, folded upsample taps and attention projections computed in fp64 then rounded
@@ -39,35 +34,6 @@ TINY_LATENT = (1, 4, 8, 8)  # 16x16 output through two levels: small enough for 
 # the range leaves 50x margin and still catches any real mistake (a wrong tap or a missing
 # bias moves outputs by O(1e-2) or more).
 REL_TOL = 1e-4
-
-
-def _init_(model: torch.nn.Module, seed: int) -> torch.nn.Module:
-    """Seeded fan-in scaled normal weights, small biases, norms at 1/0 (bench.models)."""
-    return init_weights_(model, seed).eval().requires_grad_(False)
-
-
-def _config(latent: int = 4, blocks=(32, 64), groups: int = 8, **extra) -> dict:
-    return dict(in_channels=3, out_channels=3, latent_channels=latent,
-                down_block_types=("DownEncoderBlock2D",) * len(blocks),
-                up_block_types=("UpDecoderBlock2D",) * len(blocks),
-                block_out_channels=blocks, layers_per_block=1, norm_num_groups=groups, **extra)
-
-
-def tiny_vae(seed: int = 0, **config) -> torch.nn.Module:
-    return _init_(diffusers.AutoencoderKL(**_config(**config)), seed)
-
-
-def _latent(shape=TINY_LATENT, seed=1, device="cpu", dtype=torch.float32):
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
-
-
-def _decode(model, z, is_open=None):
-    with torch.no_grad():
-        if is_open is None:
-            return model.decode(z).sample, None
-        with gate_for(model).opened(is_open) as stats:
-            return model.decode(z).sample, stats
 
 
 def _rel_err(a, b):
@@ -348,38 +314,3 @@ def test_load_state_dict_into_an_installed_model():
     assert torch.equal(_decode(model, z, is_open=False)[0], expected)
     out, _ = _decode(model, z, is_open=True)
     assert _rel_err(out, expected) < REL_TOL  # stale folds would be far off
-
-
-# --- tier 3: full-size decoders on the GPU ----------------------------------------------------
-
-
-def _psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """PSNR of ``out`` against ``ref`` with the reference's own range as the peak."""
-    out, ref = out.double(), ref.double()
-    mse = (out - ref).pow(2).mean().item()
-    peak = (ref.max() - ref.min()).item()
-    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
-
-
-FULL = {
-    "sdxl": dict(latent=4, blocks=(128, 256, 512, 512), groups=32),
-    "flux": dict(latent=16, blocks=(128, 256, 512, 512), groups=32,
-                 use_quant_conv=False, use_post_quant_conv=False),
-}
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("arch", sorted(FULL))
-def test_full_size_high_vs_lossless_psnr(arch):
-    config = _config(**FULL[arch])
-    config["layers_per_block"] = 2
-    model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)
-    report = install.install_fast_path(model)
-    assert report.fused == 2 + 1 + 4 * 3 + 3 + 1 and not report.skipped
-    z = _latent((1, FULL[arch]["latent"], 128, 128), device="cuda", dtype=torch.bfloat16)
-    lossless, _ = _decode(model, z, is_open=False)
-    high, stats = _decode(model, z, is_open=True)
-    assert stats.fallbacks == {} and stats.fused_calls == report.fused
-    assert torch.isfinite(high).all()
-    assert high.is_contiguous() and high.shape == lossless.shape == (1, 3, 1024, 1024)
-    assert _psnr(high, lossless) >= 50.0

@@ -1,6 +1,8 @@
 """No Triton (Windows without triton-windows, macOS, CPU-only installs): the pack loads, high
 decodes exactly like stock, and the reason is one line. Triton is hidden in a subprocess with
-``sys.modules["triton"] = None``, which makes every ``import triton`` fail as it would there."""
+``sys.modules["triton"] = None``, which makes every ``import triton`` fail as it would there.
+
+Tier 1. (The same in ComfyUI, every node, is tier 2, in tests/comfyui/test_no_triton_comfyui.py.)"""
 from __future__ import annotations
 
 import json
@@ -10,8 +12,6 @@ import subprocess
 import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-
-from support.comfy_env import requires_comfyui  # noqa: E402
 
 SCRIPT = r"""
 import importlib.util, json, sys
@@ -41,41 +41,3 @@ def test_without_triton_high_is_stock_and_says_why():
     assert result["lossless"] == "lossless"
     assert result["high"].startswith("fallback: no Triton (")
     assert "\n" not in result["high"]
-
-
-COMFY_SCRIPT = r"""
-import json, sys
-sys.modules["triton"] = None
-sys.path.insert(0, sys.argv[1])
-import conftest  # maps the checkout to fast_vae_decode, as in the test session
-import torch
-from support.comfy_env import comfy_nodes, loaded_pack
-from fast_vae_decode.bench.models import comfy_vae
-nodes = comfy_nodes()
-pack = loaded_pack()
-vae = comfy_vae("sdxl", seed=0, tiny=True)
-z = torch.randn(1, 4, 8, 8, generator=torch.Generator().manual_seed(5))
-with torch.inference_mode():
-    stock = nodes.VAEDecode().decode(vae, {"samples": z})[0]
-    result = {}
-    for name, kwargs in [("FastVAEDecode", {}),
-                         ("FastVAEDecodeTiled", dict(tile_size=64, overlap=16, temporal_size=8,
-                                                     temporal_overlap=4))]:
-        out = pack[name].execute(samples={"samples": z}, vae=vae, quality="high", **kwargs)
-        expected = stock if name == "FastVAEDecode" else nodes.VAEDecodeTiled().decode(
-            vae, {"samples": z}, **kwargs)[0]
-        result[name] = [torch.equal(out.args[0], expected), out.ui["text"][0]]
-print(json.dumps(result))
-"""
-
-
-@requires_comfyui
-def test_without_triton_the_pack_loads_in_comfyui_and_every_node_works():
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    out = subprocess.run([sys.executable, "-c", COMFY_SCRIPT, str(REPO / "tests")], env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    for name, (equal, text) in result.items():
-        assert equal, name
-        assert text.startswith("fallback: no Triton ("), (name, text)

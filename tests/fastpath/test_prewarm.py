@@ -3,8 +3,8 @@
 Tier 1 (CPU): the same code path runs with "cpu" added to the warm-up device types, one worker
 thread (the Triton interpreter is not thread-safe): install arms the gate, the first fused call
 warms every distinct module once, the decode result is exactly what it is without warm-up, and a
-module whose warm-up raises changes nothing. Tier 3 (``cuda``): after warm-up the first real
-decode compiles no new kernel variant, at two latent sizes (sizes are never specialized).
+module whose warm-up raises changes nothing. (Tier 3, where after warm-up the first real decode
+on a GPU compiles no new kernel variant, is in test_prewarm_gpu.py.)
 """
 from __future__ import annotations
 
@@ -20,8 +20,7 @@ from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
 
 diffusers = pytest.importorskip("diffusers")
-from test_kl_family import _decode, _latent, tiny_vae  # noqa: E402
-
+from support.kl_models import _decode, _latent, tiny_vae  # noqa: E402
 from support.wan_models import latent as wan_latent  # noqa: E402
 from support.wan_models import tiny_wan  # noqa: E402
 
@@ -129,32 +128,6 @@ def test_every_gate_reports_its_warm_up_even_at_a_reused_address(cpu_warmup, mon
         install_fast_path(model)
         _decode(model, _latent(), True)
     assert sum("kernel warm-up:" in r.getMessage() for r in caplog.records) == 2
-
-
-@pytest.mark.cuda
-def test_after_warm_up_a_decode_compiles_nothing_new():
-    triton = pytest.importorskip("triton")
-    knobs = getattr(triton, "knobs", None)
-    if knobs is None or not hasattr(knobs.runtime, "jit_post_compile_hook"):
-        pytest.skip("this Triton has no jit_post_compile_hook")
-    model = tiny_vae(blocks=(128, 256, 512), groups=32).to("cuda", torch.bfloat16)
-    install_fast_path(model)
-    compiled = []
-    old = knobs.runtime.jit_post_compile_hook
-    knobs.runtime.jit_post_compile_hook = lambda *a, **k: compiled.append(1)
-    try:
-        gate = gate_for(model)
-        armed = list(gate.prewarm_modules)
-        with torch.inference_mode(), gate.opened(True):
-            # Warm up alone first (what the first fused call does), then decode two sizes.
-            prewarm.warm_up(gate, _latent((1, 4, 8, 8), device="cuda", dtype=torch.bfloat16))
-            before = len(compiled)
-            for size in (24, 40):
-                model.decode(_latent((1, 4, size, size), device="cuda", dtype=torch.bfloat16))
-            torch.cuda.synchronize()
-    finally:
-        knobs.runtime.jit_post_compile_hook = old
-    assert armed and len(compiled) == before, f"{len(compiled) - before} variants compiled after warm-up"
 
 
 def test_recorded_launches_run_nothing_and_sizes_share_a_variant():

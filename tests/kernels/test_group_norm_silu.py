@@ -1,8 +1,8 @@
 """group_norm_silu (Triton, channels-last) against its plain-torch reference, and the reference
 against torch's own GroupNorm.
 
-Tier 1 runs the kernels under TRITON_INTERPRET on small shapes; tier 3 (``cuda``) runs real VAE
-sizes on a GPU, including one tensor whose per-sample offsets exceed int32.
+Tier 1: the kernels run under TRITON_INTERPRET on small shapes. (Tier 3, real VAE sizes on a
+GPU including one tensor whose per-sample offsets exceed int32, is in test_group_norm_silu_gpu.py.)
 """
 from __future__ import annotations
 
@@ -21,8 +21,7 @@ from fast_vae_decode.kernels.group_norm_silu import (
     group_norm_silu_reference,
     group_norm_silu_unsupported,
 )
-
-EPS = 1e-6  # what KL VAE decoders use
+from support.group_norm_silu_inputs import EPS, TOL, _affine, _check, _input
 
 # (N, C, H, W, num_groups)
 SHAPES = [
@@ -42,51 +41,10 @@ TINY = GroupNormSiLUConfig(
     apply_block_p=4, apply_programs=3, apply_warps=1, finalize_block_s=2, finalize_warps=1,
 )
 
-# Kernel vs reference, per dtype, as (rtol, atol):
-# - fp32: both compute in fp32 but sum in different orders and the kernel folds the affine into
-#   one scale/shift per channel; outputs are O(10), so a few ULP is ~1e-6. 1e-5 leaves margin.
-# - bf16/fp16: both round fp32 values that agree to ~1e-6 into the output dtype, so they differ by
-#   one output ULP at most, i.e. at most 2^-7 (bf16) / 2^-10 (fp16) of the value (measured: up to
-#   exactly that); rtol allows two ULPs. atol covers fp32 noise where the value is near zero.
-TOL = {
-    torch.float32: (1e-5, 1e-5),
-    torch.bfloat16: (2.0**-6, 1e-5),
-    torch.float16: (2.0**-9, 1e-5),
-}
-
-
-def _input(n, c, h, w, dtype, mean=1.0, std=3.0, device="cpu", seed=0):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    x = torch.randn(n, c, h, w, generator=g) * std + mean
-    return x.to(device=device, dtype=dtype).contiguous(memory_format=torch.channels_last)
-
-
-def _affine(c, device="cpu", dtype=torch.float32, seed=1):
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    w = torch.randn(c, generator=g) * 0.5 + 1.0
-    b = torch.randn(c, generator=g) * 0.5
-    return w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
-
 
 def _torch_group_norm(x, weight, bias, num_groups, eps, silu):
     y = F.group_norm(x.float(), num_groups, weight, bias, eps)
     return F.silu(y) if silu else y
-
-
-def _check(x, weight, bias, g, silu=True, config=None, tol=None):
-    before = x.clone()
-    y = group_norm_silu(x, weight, bias, g, EPS, silu, config=config)
-    assert y is not None, group_norm_silu_unsupported(x, weight, bias, g)
-    ref = group_norm_silu_reference(x, weight, bias, g, EPS, silu)
-    assert y.dtype == x.dtype and y.shape == x.shape
-    assert y.permute(0, 2, 3, 1).is_contiguous()
-    assert torch.equal(x, before)  # a new tensor; the input is untouched
-    rtol, atol = tol or TOL[x.dtype]
-    torch.testing.assert_close(y.float(), ref.float(), rtol=rtol, atol=atol)
-    return y, ref
-
-
-# ---- tier 1: interpreter ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
@@ -266,54 +224,3 @@ def test_imports_and_falls_back_without_triton():
         [sys.executable, "-c", script, str(repo)], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stderr[-2000:]
-
-
-# ---- tier 3: GPU, real sizes ----------------------------------------------------------------
-
-# On the GPU, groups hold 10^5..10^6 elements summed in different orders (the reference's
-# var_mean vs the kernel's split Welford): fp32 statistics then agree to ~1e-6 relative, so fp32
-# outputs to ~1e-5; 1e-4 leaves margin while still catching any indexing error (order 1).
-GPU_TOL = {**TOL, torch.float32: (1e-4, 1e-4)}
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize(
-    "shape,dtype",
-    [
-        ((1, 512, 128, 128, 32), torch.bfloat16),  # SDXL/Flux 1024² mid block and first up block
-        ((1, 128, 1024, 1024, 32), torch.bfloat16),  # SDXL 1024² last up block (1M-element groups)
-        ((2, 256, 256, 256, 32), torch.float16),  # batch 2
-        ((1, 320, 64, 64, 32), torch.float32),  # group width 10 (membership mask), fp32
-    ],
-    ids=["512x128", "128x1024", "2x256x256", "320x64-fp32"],
-)
-def test_gpu_matches_reference(shape, dtype):
-    n, c, h, w, g = shape
-    x = _input(n, c, h, w, dtype, device="cuda")
-    weight, bias = _affine(c, device="cuda", dtype=dtype)
-    with torch.inference_mode():
-        _check(x, weight, bias, g, tol=GPU_TOL[dtype])
-        _check(x, None, None, g, silu=False, tol=GPU_TOL[dtype])
-
-
-@pytest.mark.cuda
-def test_gpu_offsets_beyond_int32():
-    # One sample of 128 x 4096 x 4112 = 2.16e9 elements > 2^31: element offsets within a sample
-    # only fit int64. x and the output take 8.6 GB; the reference runs a few groups at a time.
-    if torch.cuda.get_device_properties(0).total_memory < 40 * 2**30:
-        pytest.skip("needs a GPU with >= 40 GB")
-    n, c, h, w, g = 1, 128, 4096, 4112, 32
-    assert c * h * w > 2**31
-    torch.manual_seed(0)
-    with torch.inference_mode():
-        x = torch.randn(n, h, w, c, device="cuda", dtype=torch.bfloat16).permute(0, 3, 1, 2)
-        weight, bias = _affine(c, device="cuda", dtype=torch.bfloat16)
-        y = group_norm_silu(x, weight, bias, g, EPS)
-        assert y is not None
-        rtol, atol = TOL[torch.bfloat16]
-        cpg, step = c // g, 4  # GroupNorm is separable by groups: check 4 groups at a time
-        for g0 in range(0, g, step):
-            cs = slice(g0 * cpg, (g0 + step) * cpg)
-            ref = group_norm_silu_reference(x[:, cs], weight[cs], bias[cs], step, EPS)
-            torch.testing.assert_close(y[:, cs], ref, rtol=rtol, atol=atol)
-            del ref

@@ -3,8 +3,8 @@
 Tier 1 (interpreter): fp32 and fp16 against the stock formula with ``torch.equal`` (signed zeros
 and NaN positions included); bf16 is declined there, because the interpreter converts fp32 to
 bf16 by truncation. Install-time check: a norm that computes the formula is accepted, one that
-normalizes in fp32 first (diffusers' ``WanRMS_norm``) is not. Tier 3 (``cuda``): every dtype at
-a Wan 2.1 full-resolution size.
+normalizes in fp32 first (diffusers' ``WanRMS_norm``) is not. (Tier 3, every dtype at a Wan 2.1
+full-resolution size on a GPU, is in test_rms_norm_exact_gpu.py.)
 """
 from __future__ import annotations
 
@@ -18,33 +18,13 @@ from fast_vae_decode.kernels.rms_norm_exact import (
     rms_norm_exact_reference,
     rms_norm_exact_unsupported,
 )
+from support.rms_norm_exact_inputs import _inputs, _same
 
 SHAPES = [
     (1, 96, 3, 5, 7),  # Wan 2.1's full-resolution width (not a power of two), odd spatial sizes
     (2, 12, 2, 3, 3),  # batch 2; channels not a multiple of the 4-channel tile
     (1, 384, 4, 4),  # 4-D: the attention block's per-frame norm
 ]
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit-level equality for floats: values, signs of zeros, NaN positions."""
-    nan = torch.isnan(a)
-    return (torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan], b[~nan])
-            and torch.equal(torch.signbit(a[~nan]), torch.signbit(b[~nan])))
-
-
-def _inputs(shape, dtype, seed=0, zero_pixels=True):
-    gen = torch.Generator().manual_seed(seed)
-    x = (torch.randn(shape, generator=gen) * 3).to(dtype)
-    flat = x.view(-1)
-    flat[::7] = 0.0
-    flat[::11] = -0.0  # stock's "+ 0" turns these into +0.0
-    if zero_pixels:
-        x[..., 0] = 0.0  # all-zero pixels: the norm clamps to eps (NaN in fp16, where eps is 0)
-    gshape = (shape[1],) + (1,) * (len(shape) - 2)
-    gamma = (torch.rand(gshape, generator=gen) + 0.5).to(dtype)
-    bias = (torch.randn(gshape, generator=gen) * 0.1).to(dtype)
-    return x, gamma, bias
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -112,13 +92,3 @@ def test_swapped_norm_takes_the_kernel_and_stays_exact(monkeypatch):
     x, _, _ = _inputs((2, 12, 2, 3, 3), torch.float32)
     with torch.no_grad():
         assert _same(norm(x), stock(x)) and calls
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_kernel_equals_the_stock_formula_at_wan_size(dtype):
-    # Wan 2.1's largest norm input: 96 channels, 4 frames at 480x832 (153M elements).
-    x, gamma, _ = _inputs((1, 96, 4, 480, 832), dtype, zero_pixels=False)
-    x, gamma = x.cuda(), gamma.cuda()
-    got = rms_norm_exact(x, gamma, None, 96 ** 0.5)
-    assert got is not None and _same(got, rms_norm_exact_reference(x, gamma, None, 96 ** 0.5))

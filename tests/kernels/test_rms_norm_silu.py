@@ -1,8 +1,8 @@
 """``kernels.rms_norm_silu``: the fused Triton kernel vs its reference, the reference vs the
 stock Wan ``RMS_norm`` formula, and the inputs the kernel must refuse.
 
-Tier 1 runs the kernel under ``TRITON_INTERPRET=1`` on small shapes; tier 3 (``cuda``) at the
-sizes of a Wan 2.1 480x832 decode.
+Tier 1: the kernel runs under ``TRITON_INTERPRET=1`` on small shapes. (Tier 3, the sizes of a
+Wan 2.1 480x832 decode on a GPU, is in test_rms_norm_silu_gpu.py.)
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from fast_vae_decode.kernels.rms_norm_silu import (
     rms_norm_silu_reference,
     rms_norm_silu_unsupported,
 )
+from support.rms_norm_silu_inputs import _channels_last
 
 # (shape, bias kind, silu)
 CASES = [
@@ -37,11 +38,6 @@ CASES = [
     ((1, 260, 1, 2, 3), "float-nonzero", True),  # C just above a power of 2 (512-wide tile,
     # mostly masked); a nonzero python-number bias (the kernel's scalar-bias argument)
 ]
-
-
-def _channels_last(x: torch.Tensor) -> torch.Tensor:
-    fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
-    return x.contiguous(memory_format=fmt)
 
 
 def _params(channels, ndim, bias_kind, gen, stock_shape=True):
@@ -327,32 +323,3 @@ def test_unsupported_fold_returns_none(make):
     before = x.clone()
     assert rms_norm_silu(x, torch.ones(8), None, **kw) is None
     assert torch.equal(x, before)
-
-
-# Tier 3: real sizes on a GPU.
-CUDA_CASES = [
-    ((1, 96, 4, 480, 832), torch.bfloat16),  # Wan 2.1 decoder, full resolution: 153M elements
-    ((1, 384, 1, 60, 104), torch.bfloat16),  # Wan 2.1 decoder, latent resolution
-    ((1, 1024, 1, 60, 104), torch.bfloat16),  # Wan 2.2 widest channels
-    ((1, 96, 4, 480, 832), torch.float32),  # fp32 decode precision
-    ((4, 384, 60, 104), torch.float16),  # 4-D attention-block norm, frames as batch, fp16
-]
-
-
-@pytest.mark.cuda
-@pytest.mark.parametrize("shape,dtype", CUDA_CASES)
-def test_cuda_real_sizes(shape, dtype):
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(dtype))
-    channels, ndim = shape[1], len(shape)
-    gamma = (1.0 + 0.5 * torch.randn(channels, generator=gen, device="cuda")).reshape(
-        (channels,) + (1,) * (ndim - 2)
-    )
-    bias = 0.3 * torch.randn_like(gamma)
-    out = rms_norm_silu(x, gamma, bias)
-    assert out is not None
-    ref = rms_norm_silu_reference(x, gamma, bias)
-    # As in tier 1: one rounding of an fp32 result each, so at most one ulp of dtype apart
-    # (bf16 2**-7, fp16 2**-10 of the binade); fp32 differs only by reduction order.
-    rtol = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
-    torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5)

@@ -1,0 +1,74 @@
+"""The bench's seeded random-weight VAEs in ComfyUI.
+
+Tier 2 (``COMFYUI_PATH``): ComfyUI detects every architecture, full-size and tiny, from the
+keys of the state dicts the builders make, and the bench runs against ComfyUI's VAEDecode.
+(Seeding, the weight statistics, the diffusers builders and PSNR are tier 1, in
+tests/bench/test_bench_models.py.)
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+
+import pytest
+import torch
+
+from fast_vae_decode.bench import models
+from support.comfy_env import comfy_nodes, requires_comfyui
+
+COMFY_CLASSES = {
+    "sdxl": "AutoencoderKL", "sd15": "AutoencoderKL", "flux": "AutoencodingEngine",
+    "wan21": "WanVAE", "wan22": "WanVAE",
+}
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+@pytest.mark.parametrize("arch", models.ARCHS)
+def test_comfyui_detects_tiny_vaes(arch, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    nodes = comfy_nodes()
+    vae = models.comfy_vae(arch, seed=0, tiny=True)
+    assert type(vae.first_stage_model).__name__ == COMFY_CLASSES[arch]
+    assert vae.latent_channels == models.latent_channels(arch)
+    video = arch in models.VIDEO_ARCHS
+    shape = (1, vae.latent_channels) + ((2, 4, 4) if video else (4, 4))
+    with torch.inference_mode():
+        images = nodes.VAEDecode().decode(vae, {"samples": models.seeded_latent(shape)})[0]
+    assert images.shape[0] == (5 if video else 1) and images.shape[-1] == 3
+    assert torch.isfinite(images).all()
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_comfyui_detects_full_size_wan21():
+    # The full-size builders rely on ComfyUI's detection alone (no width override); Wan 2.1 is
+    # the cheapest full-size one to build on a CPU.
+    comfy_nodes()
+    vae = models.comfy_vae("wan21", seed=0)
+    assert type(vae.first_stage_model).__module__ == "comfy.ldm.wan.vae"
+    assert vae.first_stage_model.decoder.head[0].gamma.shape[0] == 96
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_bench_against_comfyui_is_bit_exact(tmp_path, monkeypatch):
+    from fast_vae_decode.bench.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    path = tmp_path / "comfy.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["bench", "--comfyui", os.environ["COMFYUI_PATH"], "--cases",
+                     "tiny-sdxl,tiny-wan21", "--precisions", "bf16", "--repeats", "1",
+                     "--warmup", "0", "--triton-cache", "keep", "--json", str(path)])
+    assert code == 0, out.getvalue()
+    rows = json.loads(path.read_text())["results"]
+    assert [r["backend"] for r in rows] == ["comfyui"] * 3
+    for row in rows:
+        assert row["error"] is None, row
+        if row["skipped"] is None:
+            assert row["lossless_bit_exact"] is True, row["case"]
+            assert row["stock_bit_exact_after_install"] is True, row["case"]

@@ -1,0 +1,49 @@
+"""The KL image-VAE family on diffusers ``AutoencoderKL``, full size on a GPU.
+
+Tier 3 (``cuda``): SDXL- and Flux-architecture decoders at full width, bf16, 1024² output:
+high against lossless PSNR >= 50 dB, finite. (The tiny CPU models are tier 1, in
+test_kl_family.py; ComfyUI's classes are tier 2, elsewhere.)
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from fast_vae_decode.fastpath import install
+
+diffusers = pytest.importorskip("diffusers")
+from support.kl_models import _config, _decode, _init_, _latent  # noqa: E402
+
+
+def _psnr(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """PSNR of ``out`` against ``ref`` with the reference's own range as the peak."""
+    out, ref = out.double(), ref.double()
+    mse = (out - ref).pow(2).mean().item()
+    peak = (ref.max() - ref.min()).item()
+    return math.inf if mse == 0 else 10 * math.log10(peak * peak / mse)
+
+
+FULL = {
+    "sdxl": dict(latent=4, blocks=(128, 256, 512, 512), groups=32),
+    "flux": dict(latent=16, blocks=(128, 256, 512, 512), groups=32,
+                 use_quant_conv=False, use_post_quant_conv=False),
+}
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", sorted(FULL))
+def test_full_size_high_vs_lossless_psnr(arch):
+    config = _config(**FULL[arch])
+    config["layers_per_block"] = 2
+    model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)
+    report = install.install_fast_path(model)
+    assert report.fused == 2 + 1 + 4 * 3 + 3 + 1 and not report.skipped
+    z = _latent((1, FULL[arch]["latent"], 128, 128), device="cuda", dtype=torch.bfloat16)
+    lossless, _ = _decode(model, z, is_open=False)
+    high, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and stats.fused_calls == report.fused
+    assert torch.isfinite(high).all()
+    assert high.is_contiguous() and high.shape == lossless.shape == (1, 3, 1024, 1024)
+    assert _psnr(high, lossless) >= 50.0
