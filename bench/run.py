@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import pathlib
 import platform
 import sys
@@ -267,9 +268,19 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     return info
 
 
+COMMIT_ENV = "FAST_VAE_DECODE_COMMIT"
+
+
 def _commit() -> str | None:
-    """The pack's git commit (with "+dirty" for uncommitted changes), if it is a checkout."""
+    """The pack's git commit (with "+dirty" for uncommitted changes), if it is a checkout.
+
+    ``$FAST_VAE_DECODE_COMMIT`` wins: a copy of the tree made elsewhere (a remote GPU machine's)
+    may carry a ``.git`` whose HEAD is not the commit of the files it runs.
+    """
     import subprocess
+
+    if os.environ.get(COMMIT_ENV):
+        return os.environ[COMMIT_ENV]
 
     root = pathlib.Path(__file__).resolve().parents[1]
     try:

@@ -167,3 +167,14 @@ def test_report_help_shows_the_default_folder(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     assert "<json stem>-report/" in capsys.readouterr().out
+
+
+def test_the_recorded_commit_can_be_given_by_the_caller(monkeypatch):
+    """A tree copied to another machine may carry a .git whose HEAD is not its commit."""
+    from fast_vae_decode.bench import run
+
+    monkeypatch.setenv(run.COMMIT_ENV, "abc1234")
+    assert run._commit() == "abc1234"
+    monkeypatch.delenv(run.COMMIT_ENV)
+    recorded = run._commit()
+    assert recorded is None or recorded != "abc1234"
