@@ -81,7 +81,9 @@ def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
             "upsampling) cannot be 50 dB from stock, and high being at least as close to fp32 "
             "as stock is the accuracy evidence. Peak extra "
             "memory is what a decode allocates on top of weights and inputs (CUDA only). "
-            "First-decode overhead = first high decode - median high decode.", "",
+            "First-decode overhead = first high decode - median high decode. `progress`: "
+            "how many times one high decode moved ComfyUI's progress bar (and checked for "
+            "Cancel), and the host time those reports took in all.", "",
             markdown_table(results), ""]
     if "time" in plots:
         out += ["## Decode time", "", f"![decode time per case]({plots['time']})", ""]

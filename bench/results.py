@@ -45,6 +45,10 @@ class CaseResult:
     first_high_ms: float | None = None  # the first high decode: install + kernel compilation
     first_high_overhead_ms: float | None = None  # first_high_ms - high_ms
     high_path: str | None = None  # the node's UI text, e.g. "high: 38 fused modules"
+    # One high decode's ComfyUI progress reports (bar update + interrupt check): how many, and
+    # the host time spent in them (bench/progress_cost.py). ComfyUI subjects only.
+    high_progress_updates: int | None = None
+    high_progress_ms: float | None = None
     high_info: dict[str, Any] = field(default_factory=dict)
     lossless_path: str | None = None
     times_ms: dict[str, list[float]] = field(default_factory=dict)
@@ -105,6 +109,12 @@ def _psnr(r: CaseResult) -> str:
     return text if r.high_finite in (None, True) else f"{text} **NaN/Inf**"
 
 
+def _progress(r: CaseResult) -> str:
+    if r.high_progress_updates is None:
+        return "—"
+    return f"{r.high_progress_updates} / {_num(r.high_progress_ms, 2)}"
+
+
 def _peak(r: CaseResult) -> str:
     values = [r.peak_extra_mib.get(k) for k in ("stock", "lossless", "high")]
     if all(v is None for v in values):
@@ -116,7 +126,7 @@ COLUMNS = ("case", "precision", "back end", "dtype", "stock ms", "lossless ms", 
            "lossless vs stock", "high vs stock", "high vs base stock", "PSNR high vs lossless dB",
            "PSNR vs fp32: stock / high dB", "lossless bit-exact", "stock unchanged after install",
            "peak extra MiB stock / lossless / high", "first high ms", "first-decode overhead ms",
-           "high path")
+           "progress updates / ms per high decode", "high path")
 
 
 def markdown_table(results: list[CaseResult]) -> str:
@@ -135,6 +145,6 @@ def markdown_table(results: list[CaseResult]) -> str:
             f"{_num(r.psnr_stock_vs_fp32_db)} / {_num(r.psnr_high_vs_fp32_db)}",
             _flag(r.lossless_bit_exact),
             _flag(r.stock_bit_exact_after_install), _peak(r), _num(r.first_high_ms),
-            _num(r.first_high_overhead_ms), (r.high_path or "").replace("|", "/")]
+            _num(r.first_high_overhead_ms), _progress(r), (r.high_path or "").replace("|", "/")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -129,6 +129,10 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
     result.first_high_ms = first_ms
     result.first_high_overhead_ms = first_ms - high.median_ms
     result.high_path, result.high_info = high_info.get("text"), high_info
+    result.high_progress_updates = high_info.pop("progress_updates", None)
+    result.high_progress_ms = high_info.pop("progress_ms", None)
+    for key in ("progress_updates", "progress_ms"):
+        first_info.pop(key, None)
     result.high_info["first_call"] = first_info
     result.lossless_path = lossless_info.get("text")
     result.high_finite = all_finite(high_images)

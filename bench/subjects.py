@@ -57,13 +57,15 @@ def _decoder_dtype(model: torch.nn.Module) -> torch.dtype:
 
 def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subject:
     from ..nodes.fast_vae_decode import FastVAEDecode
+    from .progress_cost import timed_progress
 
     def stock() -> torch.Tensor:
         return nodes.VAEDecode().decode(vae, {"samples": latent})[0]
 
     def decode(quality: str) -> tuple[torch.Tensor, dict]:
-        out = FastVAEDecode.execute({"samples": latent}, vae, quality)
-        return out[0], dict(out.ui["fast_vae_decode"][0])
+        with timed_progress() as progress:
+            out = FastVAEDecode.execute({"samples": latent}, vae, quality)
+        return out[0], dict(out.ui["fast_vae_decode"][0], **progress.as_info())
 
     def fp32() -> torch.Tensor:
         # A private fp32 copy (stock classes, none of ComfyUI's loader state: under dynamic

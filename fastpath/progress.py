@@ -22,11 +22,23 @@ _REPORT: contextvars.ContextVar[Report | None] = contextvars.ContextVar(
 
 @contextlib.contextmanager
 def progress_to(report: Report) -> Iterator[None]:
-    token = _REPORT.set(report)
+    """Reports of the decode run inside go to ``report``; one that ends without reporting its
+    end (a path without chunks of its own, e.g. ComfyUI's ``VAE.decode``) reports ``(1, 1)``,
+    so the bar always ends full."""
+    ended = False
+
+    def tracked(done: int, total: int) -> None:
+        nonlocal ended
+        ended = done >= total
+        report(done, total)
+
+    token = _REPORT.set(tracked)
     try:
         yield
     finally:
         _REPORT.reset(token)
+    if not ended:
+        report(1, 1)
 
 
 def advance(done: int, total: int) -> None:

@@ -1,6 +1,7 @@
 """``VAE.decode`` for the families this pack knows, with the pixel finish done on the GPU.
 
 The same steps as ComfyUI's non-tiled ``VAE.decode`` (model load with the same memory estimate,
+skipped where ComfyUI's own state shows it would change nothing (``comfyui.loading``),
 the same batch split, the same ``first_stage_model.decode`` and ``process_output``), except that
 ``process_output`` runs on the VAE's device and the finished pixels are copied to host memory
 once (``fastpath.pixel_finish``); a Wan 2.1 decode streams its frames there while it runs.
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..comfyui.loading import load_for_decode
 from ..install import find_family
 from ..log import log_once
 from ..progress import advance, nested
@@ -102,8 +104,10 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
     if check is not None:
         check()
     memory_used = vae.memory_used_decode(latent.shape, vae.vae_dtype)
-    mm.load_models_gpu([vae.patcher], memory_required=memory_used,
-                       force_full_load=getattr(vae, "disable_offload", False))
+    skipped = load_for_decode(vae, memory_used, getattr(vae, "disable_offload", False))
+    if skipped is not None:
+        log_once("pixel_decode:resident", f"model load skipped: {skipped} (ComfyUI's "
+                 "load_models_gpu would re-prepare every module)", logging.DEBUG)
     per_pass = max(1, int(mm.get_free_memory(vae.device) / memory_used))
     count = latent.shape[0]
     passes = -(-count // per_pass)

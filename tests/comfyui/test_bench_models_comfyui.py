@@ -72,3 +72,23 @@ def test_bench_against_comfyui_is_bit_exact(tmp_path, monkeypatch):
         if row["skipped"] is None:
             assert row["lossless_bit_exact"] is True, row["case"]
             assert row["stock_bit_exact_after_install"] is True, row["case"]
+        # Every decode reports its progress at least once (its end); the cost is recorded.
+        if row["skipped"] is None and row["precision"] is None:
+            assert row["high_progress_updates"] >= 1, row["case"]
+            assert row["high_progress_ms"] >= 0, row["case"]
+
+
+def test_timed_progress_counts_the_nodes_reports_and_restores_them():
+    import comfy.utils
+
+    from fast_vae_decode.bench.progress_cost import timed_progress
+    from fast_vae_decode.nodes import fast_vae_decode as node
+
+    comfy_nodes()
+    real, hook = node.comfy_progress, comfy.utils.PROGRESS_BAR_HOOK
+    with timed_progress() as cost:
+        report = node.comfy_progress(True)
+        for done in (1, 2, 3):
+            report(done, 3)
+    assert cost.updates == 3 and cost.seconds >= 0
+    assert node.comfy_progress is real and comfy.utils.PROGRESS_BAR_HOOK is hook

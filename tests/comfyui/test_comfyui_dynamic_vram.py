@@ -267,3 +267,50 @@ def test_precision_copy_starts_without_the_dynamic_loaders_state(pack):
     # The original keeps its state: it is still the dynamic loader's to manage.
     original = dict(vae.first_stage_model.named_modules())
     assert all(original[n].comfy_cast_weights and "_v" in vars(original[n]) for n in ops)
+
+
+def _as_dynamic(vae, monkeypatch):
+    """Marks ``vae``'s patcher as a dynamic-VRAM one the way the skip check reads it; CPU load
+    devices never get a real ``ModelPatcherDynamic``. Everything else is the tree's own state."""
+    patcher = vae.patcher
+    monkeypatch.setattr(patcher, "is_dynamic", lambda: True, raising=False)
+    pins = {patcher.load_device: {"active": True, "failed": False}}
+    monkeypatch.setattr(patcher.model, "dynamic_pins", pins, raising=False)
+    return patcher
+
+
+def test_a_resident_dynamic_vae_is_not_reloaded_until_something_changes(pack, monkeypatch):
+    """``fastpath.comfyui.loading`` against this tree's real ``load_models_gpu`` state: the
+    attributes it reads exist, an unchanged VAE skips the reload, and another model's load or
+    new weight patches bring ComfyUI's load back."""
+    import comfy.model_management as mm
+
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    loading = pack_module("fastpath.comfyui.loading")
+    first, other = comfy_vae("sdxl", seed=0, tiny=True), comfy_vae("sdxl", seed=1, tiny=True)
+    patcher = _as_dynamic(first, monkeypatch)
+    _as_dynamic(other, monkeypatch)
+    calls = []
+    real = mm.load_models_gpu
+    monkeypatch.setattr(mm, "load_models_gpu", lambda *a, **k: (calls.append(a[0][0]),
+                                                                 real(*a, **k)))
+    memory = 1 << 20
+
+    assert loading.load_for_decode(first, memory) is None
+    assert loading.resident_reason(mm, patcher, memory) is None
+    assert loading.load_for_decode(first, memory) is not None
+    assert calls == [patcher]
+
+    loading.load_for_decode(other, memory)
+    assert loading.resident_reason(mm, patcher, memory) == "another model was loaded since"
+    assert loading.load_for_decode(first, memory) is None
+
+    key = "decoder.conv_out.weight"
+    patcher.add_patches({key: (torch.zeros_like(patcher.model.state_dict()[key]),)}, 1.0)
+    assert loading.resident_reason(mm, patcher, memory) is not None
+    assert loading.load_for_decode(first, memory) is None
+    assert calls == [patcher, other.patcher, patcher, patcher]
+    mm.unload_all_models()
+

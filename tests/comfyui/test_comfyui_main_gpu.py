@@ -43,6 +43,10 @@ def test_main_py_defaults_run_fused_exact_and_free_on_unload(arch):
     if _has_dynamic_vram():
         assert result["dynamic"] and result["memory_mode"] == "dynamic VRAM", result
     assert result["lossless_equal"] and result["lossless_after_high_equal"], result
+    assert result["lossless_after_stock_equal"], result
+    # Dynamic VRAM: ComfyUI's load re-prepares every module on each call; the pack loads once
+    # while nothing changes (fastpath.comfyui.loading). The legacy loader is called each time.
+    assert result["pack_loads"] == (1 if result["dynamic"] else 3), result
     assert result["high_path"] == "high" and "stock calls" not in result["high_text"], result
     assert result["high_finite"] and result["psnr_vs_stock"] > 35, result
     assert result["cache_bytes_unloaded"] == 0, result
@@ -54,4 +58,5 @@ def test_legacy_loader_flag_runs_fused_too():
     result = _probe("sdxl", "--disable-dynamic-vram")
     assert not result["dynamic"], result
     assert result["lossless_equal"] and result["high_path"] == "high", result
+    assert result["pack_loads"] == 3, result
     assert "stock calls" not in result["high_text"] and result["cache_bytes_unloaded"] == 0, result

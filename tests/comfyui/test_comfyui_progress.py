@@ -96,3 +96,20 @@ def test_cancel_stops_between_chunks_and_leaves_the_vae_exact(pack, vae, monkeyp
         high = _node(pack, vae, z, "high")
     assert torch.equal(again, expected)
     assert high.ui["fast_vae_decode"][0]["path"] == "high", high.ui["text"]
+
+
+@pytest.mark.parametrize("quality", ["lossless", "high"])
+def test_an_image_decode_ends_the_bar_full(pack, monkeypatch, quality):
+    """An image decode has no chunks of its own (on the CPU ComfyUI's VAE.decode runs it):
+    the bar still ends at its total."""
+    import comfy.utils
+
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    bars = _Bars()
+    monkeypatch.setattr(comfy.utils, "ProgressBar", bars.cls)
+    z = torch.randn((1, 4, 4, 4), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        _node(pack, comfy_vae("sdxl", seed=0, tiny=True), z, quality)
+    assert bars.updates and bars.updates[-1][0] == bars.updates[-1][1], bars.updates

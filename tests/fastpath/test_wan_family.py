@@ -216,19 +216,25 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
     assert torch.equal(got, expected)
 
 
-def test_conv3d_as_2d_taps_equals_conv3d():
+# Frames: 5 uses all three taps; 2 and 1 are a decode's first chunks, whose missing front frames
+# are implicit zeros (only the taps that meet real frames run).
+@pytest.mark.parametrize("frames", [5, 2, 1])
+def test_conv3d_as_2d_taps_equals_conv3d(frames):
     """The per-temporal-tap form used for narrow convs on the GPU, checked here on the CPU."""
     from fast_vae_decode.fastpath.families.wan.ops import CL3D, sum_parts, tap_parts
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv3d(6, 5, 3)
-    x = torch.randn(1, 6, 5, 7, 9, generator=gen).contiguous(memory_format=CL3D)
+    x = torch.randn(1, 6, frames, 7, 9, generator=gen).contiguous(memory_format=CL3D)
     with torch.no_grad():
         parts = tap_parts(conv, x, 1, 1)
         assert all(p.is_contiguous(memory_format=CL3D) for p in parts)  # what the kernels take
+        # Peak memory: never more than two full-size partial outputs alive at once.
+        assert len(parts) == min(2, frames)
         got = sum_parts(parts, conv.bias)
-        expected = torch.nn.functional.conv3d(x, conv.weight, conv.bias, padding=(0, 1, 1))
-    # fp32: three partial sums added instead of one accumulation (~1e-7 relative).
+        padded = torch.nn.functional.pad(x, (0, 0, 0, 0, max(0, 3 - frames), 0))
+        expected = torch.nn.functional.conv3d(padded, conv.weight, conv.bias, padding=(0, 1, 1))
+    # fp32: partial sums added instead of one accumulation (~1e-7 relative).
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 

@@ -39,9 +39,18 @@ def main() -> None:
     vae = comfy_vae(arch, seed=0)
     shape = {"sdxl": (1, 4, 64, 64), "wan21": (1, 16, 3, 30, 52)}[arch]
     z = torch.randn(shape, generator=torch.Generator().manual_seed(1))
-    out = {"memory_mode": memory_mode(), "dynamic": bool(vae.patcher.is_dynamic())}
+    out = {"memory_mode": memory_mode(),
+           "dynamic": bool(getattr(vae.patcher, "is_dynamic", lambda: False)())}
+    loads = []
+    real_load = mm.load_models_gpu
+
+    def counted_load(*args, **kwargs):
+        loads.append(1)
+        return real_load(*args, **kwargs)
+
     with torch.inference_mode():
         stock = nodes.VAEDecode().decode(vae, {"samples": z})[0]
+        mm.load_models_gpu = counted_load  # counts the loads of the pack's decodes only
         node = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="lossless")
         out["lossless_equal"] = bool(torch.equal(node.args[0], stock))
         node = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="high")
@@ -54,6 +63,11 @@ def main() -> None:
         out["cache_bytes_loaded"] = cache_bytes(vae.first_stage_model)
         node = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="lossless")
         out["lossless_after_high_equal"] = bool(torch.equal(node.args[0], stock))
+        out["pack_loads"] = len(loads)  # 3 decodes: dynamic VRAM reloads only for the first
+        mm.load_models_gpu = real_load
+        nodes.VAEDecode().decode(vae, {"samples": z})  # ComfyUI re-prepares the model
+        node = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="lossless")
+        out["lossless_after_stock_equal"] = bool(torch.equal(node.args[0], stock))
     mm.unload_all_models()
     mm.soft_empty_cache()
     out["cache_bytes_unloaded"] = cache_bytes(vae.first_stage_model)
