@@ -21,7 +21,7 @@ from ..install import find_family
 from ..log import log_once
 from ..progress import advance, nested
 from .finish import FrameStream, finish_pixels
-from .frames import frames_to
+from .frames import FramesLost, frames_to
 
 # Progress units per batch slice: a video decoder's own chunks subdivide its slice.
 SLICE_UNITS = 100
@@ -85,7 +85,14 @@ def decode_pixels(vae, latent: torch.Tensor) -> torch.Tensor:
         log_once(f"pixel_decode:{reason}", f"pixels finished by ComfyUI's VAE.decode: {reason}",
                  logging.DEBUG)
         return vae.decode(latent)
-    pixels = _decode_with_device_finish(vae, latent)
+    try:
+        pixels = _decode_with_device_finish(vae, latent)
+    except FramesLost as lost:
+        # The frames already handed over are not in the decode any more; ComfyUI's own decode
+        # runs it again (the decoder is deterministic: same values).
+        log_once("pixel_decode:lost", f"frame streaming broke off ({lost}); decoding again "
+                 "with ComfyUI's VAE.decode")
+        return vae.decode(latent)
     if pixels is None:
         # Out of memory: ComfyUI's own decode retries with its tiled decoder. Outside the except
         # block, so the failed attempt's tensors are already freed.
@@ -124,16 +131,17 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
                 return pixels[start:start + items]
 
             # A Wan 2.1 decode hands over each chunk of frames as it is done; anything else
-            # (or a stream cut short) is finished from the returned output.
+            # is finished from the returned output.
             stream = FrameStream(vae.process_output, dest_for)
             try:
-                with frames_to(stream.frames_ready), nested(start // per_pass, SLICE_UNITS,
-                                                            passes):
+                with frames_to(stream), nested(start // per_pass, SLICE_UNITS, passes):
                     out = vae.first_stage_model.decode(z)
                 streamed = stream.complete(out)
             finally:
                 stream.close()
             if not streamed:
+                if out.is_meta:
+                    raise FramesLost("the decode returned its frames' stand-in, not all of them")
                 finish_pixels(out, vae.process_output, dest_for(out))
             del out, z
             advance((start // per_pass + 1) * SLICE_UNITS, passes * SLICE_UNITS)

@@ -9,7 +9,7 @@ steps give the same bits on either device (IEEE add, divide, clamp; bf16/fp16 ->
 so here they run on the GPU slice by slice and the finished pixels, already in
 (B, *spatial, C) order, cross to host memory once: 15 ms for those 33 frames, 37 ms for 81.
 ``FrameStream`` goes further for the Wan decode loop: each chunk of frames crosses on a side
-stream while the GPU decodes the next chunk.
+stream while the GPU decodes the next chunk, and the whole output is never held on the GPU.
 
 Pageable host memory is the destination (the IMAGE a workflow keeps is ordinary memory); the
 copy goes through a ring of small pinned buffers, so the GPU->host transfer of one slice overlaps
@@ -173,62 +173,76 @@ def finish_pixels(out: torch.Tensor, finish: Finish, dest: torch.Tensor) -> None
 
 
 class FrameStream:
-    """Finishes a video decode's frames as a decode loop produces them (``frames_ready``).
+    """Finishes a video decode's frames as its loop hands them over (a ``frames.FrameSink``).
 
-    The loop calls ``frames_ready(out, start, stop)`` once frames ``start:stop`` of its output
-    ``out`` (B, C, T, H, W) hold their final values, in order. ``dest_for(out)`` gives the host
-    tensor (B, T, H, W, C) the first time. After the decode, ``complete(result)`` says whether
-    every frame of ``result`` was streamed (then ``dest`` holds the finish of all of it); if not
-    (the loop returned another tensor, skipped frames, or never called), the caller finishes
-    ``result`` itself. ``close()`` must run in every case: it waits for copies in flight.
+    ``begin`` allocates the host pixels (``dest_for`` of a stand-in shaped like the output) and
+    takes every frame; each ``take``n chunk is finished on a side stream once the GPU has
+    produced it, while the GPU decodes the next (the chunk's memory stays claimed by that
+    stream until its copies are done), and the loop keeps no whole output on the device.
+    Without a free staging ring (a CPU decode, another decode holding it) chunks are finished
+    where they stand. After the decode ``complete(result)`` says whether ``dest`` holds every
+    frame of ``result``; if not, the caller finishes ``result`` itself. ``close()`` must run in
+    every case: it waits for copies in flight.
     """
 
     def __init__(self, finish: Finish, dest_for: Callable[[torch.Tensor], torch.Tensor]):
         self.finish = finish
         self.dest_for = dest_for
-        self.source: torch.Tensor | None = None
+        self.source: torch.Tensor | None = None  # the output's stand-in (meta device)
         self.dest: torch.Tensor | None = None
         self.covered = 0
-        self.broken = False
         self._copier: _Copier | None = None
         self._release: Callable[[], None] | None = None
 
-    def frames_ready(self, out: torch.Tensor, start: int, stop: int) -> None:
-        if self.broken:
-            return
-        if self.source is None:
-            self.dest = self.dest_for(out)
-            _check_dest(self.dest)
-            self.source = out
-            self._open(out)
-        if (out is not self.source or start != self.covered or out.ndim != 5
-                or out.is_cuda and self._copier is None):
-            # Not the one output in order, or a GPU output with no staging ring to overlap
-            # with (copying it here would stall the decode): the caller finishes it after.
-            self.broken = True
-            return
+    def begin(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+        if self.source is not None or len(shape) != 5:
+            return False  # one output per stream, and only (B, C, T, H, W) frames
+        source = torch.empty(shape, dtype=dtype, device="meta")
+        dest = self.dest_for(source)
+        _check_dest(dest)
+        if tuple(dest.shape) != (shape[0], *shape[2:], shape[1]):
+            return False
+        self.source, self.dest = source, dest
+        self._open(torch.device(device))
+        return True
+
+    def take(self, chunk: torch.Tensor, start: int) -> None:
+        from .frames import FramesLost
+
+        stop = start + chunk.shape[2]
+        source = self.source
+        if (source is None or start != self.covered or stop > source.shape[2]
+                or chunk.shape[:2] != source.shape[:2] or chunk.shape[3:] != source.shape[3:]):
+            raise FramesLost(f"frames {start}:{stop} of {tuple(chunk.shape)} do not follow the "
+                             f"{self.covered} taken of {None if source is None else tuple(source.shape)}")
         self.covered = stop
-        pieces = _pieces(out[:, :, start:stop], self.dest[:, start:stop])
-        if self._copier is None:
+        pieces = _pieces(chunk, self.dest[:, start:stop])
+        if self._copier is None or not chunk.is_cuda:
             _finish_directly(pieces, self.finish)
             return
         ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(out.device))
+        ready.record(torch.cuda.current_stream(chunk.device))
+        chunk.record_stream(self._copier.stream)  # its memory is read there after the loop drops it
         for src, target in pieces:
             self._copier.put(src, target, self.finish, after=ready)
 
-    def _open(self, out: torch.Tensor) -> None:
-        staging = _ring_for(out, self.dest)
+    def result(self) -> torch.Tensor:
+        return self.source
+
+    def _open(self, device: torch.device) -> None:
+        if device.type != "cuda" or self.dest.is_cuda:
+            return
+        staging = _staging(device, STAGE_BYTES // 4)
         # Not waiting for the ring: another decode (another thread) holding it means this one
-        # finishes its frames after the decode instead.
+        # finishes its chunks where they stand.
         if staging is None or not staging.lock.acquire(blocking=False):
             return
         self._release = staging.lock.release
-        self._copier = _Copier(staging, torch.cuda.Stream(out.device))
+        self._copier = _Copier(staging, torch.cuda.Stream(device))
 
     def complete(self, result: torch.Tensor) -> bool:
         self.close()
-        return (not self.broken and result is self.source and self.source is not None
+        return (self.source is not None and result is self.source
                 and self.covered == result.shape[2])
 
     def close(self) -> None:

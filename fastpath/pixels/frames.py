@@ -1,36 +1,54 @@
 """The hand-over between a video decode loop and the pixel output: frames as soon as they are final.
 
-The pixel output (``pixels.decode``) asks for frames with ``frames_to``; a family's decode loop
-that knows when a chunk of frames is final (the Wan 2.1 loop) reads ``frames_ready_hook()`` and
-calls it. Kept apart from both so neither imports the other.
+The pixel output (``pixels.decode``) opens ``frames_to(sink)``; a family's decode loop that knows
+when a chunk of frames is final (the Wan 2.1 loop) reads ``frames_sink()`` and, once it knows
+the whole output's shape, asks ``sink.begin(shape, dtype, device)``. If the sink takes the
+frames, the loop hands over every chunk in order (``sink.take(chunk, start)``), keeps none of
+them, and returns ``sink.result()``: the decode never holds its whole output on the GPU, so its
+peak memory does not grow with the number of frames. Kept apart from both sides so neither
+imports the other.
 """
 from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Callable, Iterator
+from typing import Iterator, Protocol
 
 import torch
 
-FramesReady = Callable[[torch.Tensor, int, int], None]
 
-# Who wants each chunk of final frames as soon as it is in the output (``frames_to``).
-_FRAMES_READY: contextvars.ContextVar[FramesReady | None] = contextvars.ContextVar(
-    "fast_vae_decode_frames_ready", default=None)
+class FrameSink(Protocol):
+    def begin(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+        """Whether the sink takes every frame of an output of ``shape`` (B, C, T, H, W)."""
+
+    def take(self, chunk: torch.Tensor, start: int) -> None:
+        """Frames ``start:start + chunk.shape[2]`` of the output, final; called in order."""
+
+    def result(self) -> torch.Tensor:
+        """What the loop returns once every frame was taken (a stand-in of the output's shape)."""
+
+
+class FramesLost(RuntimeError):
+    """A loop that handed its frames to a sink met a chunk the sink cannot place; the frames
+    taken before it are no longer in the decode, so the caller decodes again its own way."""
+
+
+_SINK: contextvars.ContextVar[FrameSink | None] = contextvars.ContextVar(
+    "fast_vae_decode_frame_sink", default=None)
 
 
 @contextlib.contextmanager
-def frames_to(frames_ready: FramesReady) -> Iterator[None]:
-    """Within this block, a ComfyUI Wan 2.1 decode loop calls ``frames_ready(out, start, stop)``
-    after frames ``start:stop`` of its output ``out`` are final (the node streams them to host
-    memory while the next chunk decodes). Only a hint: the caller checks what came back."""
-    token = _FRAMES_READY.set(frames_ready)
+def frames_to(sink: FrameSink) -> Iterator[None]:
+    """Within this block a Wan 2.1 decode loop offers its frames to ``sink`` (the node streams
+    them to host memory while the next chunk decodes). Only an offer: the caller checks what
+    came back."""
+    token = _SINK.set(sink)
     try:
         yield
     finally:
-        _FRAMES_READY.reset(token)
+        _SINK.reset(token)
 
 
-def frames_ready_hook() -> FramesReady | None:
-    """The ``frames_ready`` of the innermost ``frames_to`` block on this context, if any."""
-    return _FRAMES_READY.get()
+def frames_sink() -> FrameSink | None:
+    """The sink of the innermost ``frames_to`` block on this context, if any."""
+    return _SINK.get()

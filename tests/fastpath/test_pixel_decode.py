@@ -53,66 +53,84 @@ def test_finish_pixels_rejects_a_destination_it_cannot_fill():
         pixel_finish.finish_pixels(out, _comfy_finish, torch.empty(1, 3, 4, 4).movedim(1, -1))
 
 
-# --- streamed frames (FrameStream + the Wan decode loop's frames_ready) --------------------
+# --- streamed frames (FrameStream as the Wan decode loop's frame sink) -----------------------
 
 
 def test_frame_stream_finishes_frames_in_order_on_the_cpu(monkeypatch):
     monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 3 * 8 * 12 * 4)  # one frame per piece
     final = _decoded((2, 3, 9, 8, 12))
-    out = torch.zeros_like(final)
     dest = torch.full((2, 9, 8, 12, 3), float("nan"))
     stream = _stream_into(dest)
+    assert stream.begin(final.shape, final.dtype, final.device)
     for start, stop in ((0, 1), (1, 5), (5, 9)):  # Wan's chunks: 1 frame, then 4 at a time
-        out[:, :, start:stop] = final[:, :, start:stop]
-        stream.frames_ready(out, start, stop)
-    assert stream.complete(out)
+        stream.take(final[:, :, start:stop].clone(), start)
+    assert stream.complete(stream.result())
     assert torch.equal(dest, _reference(final))
 
 
-@pytest.mark.parametrize("case", ["skipped frames", "another tensor", "not all frames", "never called"])
-def test_frame_stream_reports_incomplete_streams(case):
+@pytest.mark.parametrize("case", ["skipped frames", "another shape", "past the end"])
+def test_frame_stream_refuses_frames_it_cannot_place(case):
+    from fast_vae_decode.fastpath.pixels.frames import FramesLost
+
     out = _decoded((1, 3, 5, 4, 4))
     stream = _stream_into(torch.empty(1, 5, 4, 4, 3))
-    if case == "skipped frames":
-        stream.frames_ready(out, 0, 1)
-        stream.frames_ready(out, 2, 5)
-    elif case == "another tensor":
-        stream.frames_ready(out, 0, 1)
-        stream.frames_ready(out.clone(), 1, 5)
-    elif case == "not all frames":
-        stream.frames_ready(out, 0, 1)
-    assert not stream.complete(out)
+    assert stream.begin(out.shape, out.dtype, out.device)
+    stream.take(out[:, :, :1], 0)
+    with pytest.raises(FramesLost):
+        if case == "skipped frames":
+            stream.take(out[:, :, 2:5], 2)
+        elif case == "another shape":
+            stream.take(out[:, :2, 1:5], 1)
+        else:
+            stream.take(torch.cat([out[:, :, 1:], out[:, :, :1]], 2), 1)
+    assert not stream.complete(stream.result())  # not every frame came
     stream.close()  # idempotent
 
 
-def test_wan_loop_hands_over_each_chunk_once_it_is_final():
+def test_frame_stream_is_not_complete_for_another_result():
+    out = _decoded((1, 3, 5, 4, 4))
+    stream = _stream_into(torch.empty(1, 5, 4, 4, 3))
+    assert not stream.complete(out)  # never began
+    assert not _stream_into(torch.empty(1, 5, 4, 4, 3)).begin((1, 3, 5, 4), out.dtype, out.device)
+
+
+def test_wan_loop_hands_over_each_chunk_and_keeps_no_output():
     from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
 
     chunks = [torch.full((1, 2, 1 if i == 0 else 4, 3, 3), float(i)) for i in range(4)]
+    dest = torch.full((1, 13, 3, 3, 2), float("nan"))
     seen = []
 
-    def ready(out, start, stop):
-        seen.append((start, stop, out[:, :, start:stop].clone()))
+    class Recording(pixel_finish.FrameStream):
+        def take(self, chunk, start):
+            seen.append((start, chunk))
+            super().take(chunk, start)
 
-    out = assemble_frames(lambda i: chunks[i], 4, ready)
-    assert [(a, b) for a, b, _ in seen] == [(0, 1), (1, 5), (5, 9), (9, 13)]
-    for (a, b, frames), chunk in zip(seen, chunks, strict=True):
-        assert torch.equal(frames, chunk) and torch.equal(out[:, :, a:b], chunk)
+    stream = Recording(lambda x: x, lambda out: dest)
+    result = assemble_frames(lambda i: chunks[i], 4, stream)
+    assert result.is_meta and stream.complete(result)  # no whole output was allocated
+    assert [a for a, _ in seen] == [0, 1, 5, 9]
+    assert all(chunk is c for (_, chunk), c in zip(seen, chunks, strict=True))  # no copies
+    assert torch.equal(dest, torch.cat(chunks, 2).movedim(1, -1))
 
 
-def test_wan_loop_stops_handing_over_when_it_falls_back_to_concatenating():
+def test_wan_loop_without_a_sink_assembles_the_stock_output():
     from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
 
-    # The third chunk is larger than planned: from there the loop concatenates, and returns a
-    # new tensor, so a stream cannot claim to be complete.
+    chunks = [torch.full((1, 2, 1 if i == 0 else 4, 3, 3), float(i)) for i in range(4)]
+    declined = _stream_into(torch.empty(1, 13, 3, 3, 2))
+    declined.begin = lambda *a: False
+    for sink in (None, declined):
+        assert torch.equal(assemble_frames(lambda i: chunks[i], 4, sink), torch.cat(chunks, 2))
+
+
+def test_wan_loop_with_a_chunk_off_plan_says_its_frames_are_lost():
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
+    from fast_vae_decode.fastpath.pixels.frames import FramesLost
+
+    # The third chunk is larger than planned: without a sink the loop concatenates (the stock
+    # result); a sink already holds the first frames, so the caller must decode again.
     chunks = [torch.zeros(1, 2, 1, 3, 3), torch.ones(1, 2, 4, 3, 3), torch.ones(1, 2, 6, 3, 3)]
-    stream = _stream_into(torch.empty(1, 9, 3, 3, 2))
-    calls = []
-
-    def ready(out, start, stop):
-        calls.append((start, stop))
-        stream.frames_ready(out, start, stop)
-
-    result = assemble_frames(lambda i: chunks[i], 3, ready)
-    assert calls == [(0, 1), (1, 5)] and result.shape[2] == 11
-    assert not stream.complete(result)
+    assert assemble_frames(lambda i: chunks[i], 3).shape[2] == 11
+    with pytest.raises(FramesLost):
+        assemble_frames(lambda i: chunks[i], 3, _stream_into(torch.empty(1, 9, 3, 3, 2)))

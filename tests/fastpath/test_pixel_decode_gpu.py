@@ -60,15 +60,18 @@ def test_frame_stream_on_the_gpu_overlaps_and_stays_exact(monkeypatch):
     monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 3 * 96 * 160 * 4)
     monkeypatch.setattr(pixel_finish, "_STAGING", {})
     final = _decoded((1, 3, 33, 96, 160), device="cuda")
-    out = torch.empty_like(final)
     dest = torch.full((1, 33, 96, 160, 3), float("nan"))
     stream = _stream_into(dest)
+    assert stream.begin(final.shape, final.dtype, final.device)
     busy = torch.randn(2048, 2048, device="cuda")
     bounds = [(0, 1)] + [(1 + 4 * k, 5 + 4 * k) for k in range(8)]
     for start, stop in bounds:
         for _ in range(4):  # GPU work queued between chunks, as the next decode step would be
             busy = torch.tanh(busy @ busy)
-        out[:, :, start:stop].copy_(final[:, :, start:stop])
-        stream.frames_ready(out, start, stop)
-    assert stream.complete(out)
+        # A fresh chunk the loop drops at once: its memory must outlive the side stream's reads.
+        chunk = final[:, :, start:stop] * 1
+        stream.take(chunk, start)
+        del chunk
+        torch.empty_like(final[:, :, start:stop]).fill_(float("nan"))  # would reuse it if freed
+    assert stream.complete(stream.result())
     assert torch.equal(dest, _reference(final))

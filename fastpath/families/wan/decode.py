@@ -29,7 +29,7 @@ import torch
 from ...comfyui.wan_code import method_code
 from ...log import log_once_for
 from ...module_clone import clone_module, tensor_copier
-from ...pixels.frames import FramesReady, frames_ready_hook
+from ...pixels.frames import FrameSink, FramesLost, frames_sink
 from ...progress import advance
 from ...recognize import class_names, stock_class_name
 from ...swap import stock_class, swap_in
@@ -63,7 +63,7 @@ def _reporting(step: Callable[[int], object], steps: int) -> Callable[[int], obj
 
 
 def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
-                    frames_ready: FramesReady | None = None) -> torch.Tensor:
+                    sink: FrameSink | None = None) -> torch.Tensor:
     """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame
     (``assemble_chunk_lists`` with one chunk per latent frame).
 
@@ -71,18 +71,20 @@ def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
     """
     if frames == 1:
         return _reporting(step, 1)(0)  # stock returns the decoder's output itself
-    return assemble_chunk_lists(lambda i: [step(i)], [1] * frames, frames_ready)
+    return assemble_chunk_lists(lambda i: [step(i)], [1] * frames, sink)
 
 
 def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
-                         frames_ready: FramesReady | None = None) -> torch.Tensor:
+                         sink: FrameSink | None = None) -> torch.Tensor:
     """``torch.cat(step(0) + step(1) + ..., 2)`` (each ``step(i)`` a list of frame chunks, for
-    ``sizes[i]`` latent frames) written into one output as the chunks come.
+    ``sizes[i]`` latent frames) written into one output as the chunks come, or handed to
+    ``sink`` (``pixels.frames``) without any whole output on the device.
 
-    ``step(i)`` must be called in order. The output is allocated once the second step shows how
-    many frames a latent frame gives after the first step (which differs: Wan upsamples time 4x
-    except for the first latent frame); chunks that do not fit that plan are concatenated
-    instead, so any chunk sizes give the stock result.
+    ``step(i)`` must be called in order. The output's shape is known once the second step shows
+    how many frames a latent frame gives after the first step (which differs: Wan upsamples
+    time 4x except for the first latent frame); chunks that do not fit that plan are
+    concatenated instead, so any chunk sizes give the stock result (a sink that took frames
+    cannot go back: then ``FramesLost``).
     """
     step = _reporting(step, len(sizes))
     first = step(0)
@@ -93,7 +95,9 @@ def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
     per = n1 // sizes[1] if n1 % sizes[1] == 0 else 0
     total = n0 + per * sum(sizes[1:])
     ref = first[0]
-    out = torch.empty(ref.shape[:2] + (total,) + ref.shape[3:], dtype=ref.dtype, device=ref.device)
+    shape = ref.shape[:2] + (total,) + ref.shape[3:]
+    taking = per > 0 and sink is not None and sink.begin(shape, ref.dtype, ref.device)
+    out = None if taking else torch.empty(shape, dtype=ref.dtype, device=ref.device)
     pos, extra = 0, []
     for i in range(len(sizes)):
         chunks = first if i == 0 else second if i == 1 else step(i)
@@ -103,17 +107,25 @@ def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
             second = None
         for chunk in chunks:
             n = chunk.shape[2]
-            fits = (not extra and pos + n <= total and chunk.dtype == out.dtype
-                    and chunk.device == out.device and chunk.shape[:2] == out.shape[:2]
-                    and chunk.shape[3:] == out.shape[3:])
-            if fits:
+            fits = (not extra and pos + n <= total and chunk.dtype == ref.dtype
+                    and chunk.device == ref.device and chunk.shape[:2] == shape[:2]
+                    and chunk.shape[3:] == shape[3:])
+            if taking and not fits:
+                raise FramesLost(f"a chunk of {tuple(chunk.shape)} after {pos} frames does not "
+                                 f"fit the planned output {tuple(shape)}")
+            if taking:
+                sink.take(chunk, pos)
+            elif fits:
                 out[:, :, pos:pos + n].copy_(chunk)
-                if frames_ready is not None:
-                    frames_ready(out, pos, pos + n)
-                pos += n
             else:
                 extra.append(chunk)
+                continue
+            pos += n
         del chunks
+    if taking:
+        if pos != total:
+            raise FramesLost(f"{pos} of {total} planned frames came")
+        return sink.result()
     if extra or pos != total:
         return torch.cat([out[:, :, :pos]] + extra, 2)
     return out
@@ -230,7 +242,7 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
         return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
 
     # Wan 2.2 rearranges the whole output afterwards (unpatchify): its frames are final only then.
-    out = assemble_frames(step, z.shape[2], None if wan22 else frames_ready_hook())
+    out = assemble_frames(step, z.shape[2], None if wan22 else _sink_for(model))
     if wan22:
         patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
         out = module.unpatchify(out, patch_size=patch)
@@ -252,7 +264,15 @@ def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
         chunk = x[:, :, :1] if i == 0 else x[:, :, 1 + 2 * (i - 1):1 + 2 * i]
         return model.decoder(chunk, feat_cache=feat_map, feat_idx=[0])
 
-    return assemble_chunk_lists(step, sizes, frames_ready_hook())
+    return assemble_chunk_lists(step, sizes, _sink_for(model))
+
+
+def _sink_for(model) -> FrameSink | None:
+    """Where the loop may hand its frames: not for an fp16 decoder, whose whole output is
+    checked for overflow afterwards (``_finite_or_redecode``)."""
+    if model.__dict__.get("_fvd_decoder_dtype") is torch.float16:
+        return None
+    return frames_sink()
 
 
 class DiffusersWanDecodeLoop:
