@@ -1,0 +1,301 @@
+"""Stride-1 convolution of channels-last activations as an implicit GEMM (Triton), bias and
+residual add in its epilogue.
+
+The GEMM: rows are output pixels (M = N * T' * H' * W'), columns output channels, and the
+reduction runs over every tap and input channel (K = KT * KH * KW * Cin). No im2col buffer is
+built: for reduction step ``(tap, c0)`` each row reads ``BLOCK_K`` contiguous channels of the
+input pixel under that tap, so a channels-last input makes every A-tile row one contiguous
+run. Taps that fall outside the input read zeros (the conv's zero padding, done by masks).
+The loop over ``(tap, channel block)`` is one flat loop so Triton pipelines all of it
+(``num_stages``), not only the channel blocks of one tap.
+
+Layouts: the input is 4-D (N, C, H, W) or 5-D (N, C, T, H, W) with the channel stride 1 and any
+other strides (a frame slice of a channels-last-3d buffer qualifies); the weight is packed once
+by ``pack_conv_weight`` to (KT, KH, KW, Cin, Cout), Cout innermost, so a B tile is rows of
+contiguous output channels; the output is a new channels-last(-3d) tensor. Pixel offsets are
+int64 (a 1024² 128-channel batch of 16 already exceeds 2^31 elements); the row index M is
+int32, so M < 2^31 pixels (``MAX_PIXELS``).
+
+Under ``TRITON_INTERPRET=1`` the tiles are widened to fp32 before ``tl.dot`` (the interpreter's
+bf16 product is wrong; bf16 values are exact in fp32, so the test oracle is unchanged).
+
+Rounding: products of bf16/fp16 inputs accumulate in fp32 (the tensor cores' products are
+exact), bias and residual are added in fp32 and the sum is rounded once to the activation
+dtype; cuDNN rounds its conv output before torch's separate bias and residual adds, so results
+differ from stock by about one rounding of the output.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+import torch
+import torch.nn.functional as F
+
+from .accepts import Accepts, autograd_reason, pow2
+from .backend import interpreting, launch, on_device, tl, triton
+
+MAX_PIXELS = 2**31  # output pixels over the whole batch (int32 row index)
+MAX_TAPS = 27
+
+
+def channel_stride_one(x: torch.Tensor) -> bool:
+    """Each pixel's channels are contiguous (stride 1); the other strides may be anything."""
+    return x.dim() >= 2 and (x.shape[1] == 1 or x.stride(1) == 1)
+
+
+# What the kernel takes as its input ``x`` (``implicit_gemm_conv_unsupported`` asks this).
+IMPLICIT_GEMM_CONV = Accepts(
+    min_rank=4, max_rank=5, dtypes=(torch.bfloat16, torch.float16),
+    layout=channel_stride_one, layout_reason="channels not innermost",
+)
+
+
+@dataclass(frozen=True)
+class ConvConfig:
+    """One tiling of the GEMM: output pixels x output channels x reduction step."""
+
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 64
+    num_warps: int = 8
+    num_stages: int = 3
+    group_m: int = 8
+
+    def __str__(self) -> str:
+        return (f"{self.block_m}x{self.block_n}x{self.block_k}"
+                f"/w{self.num_warps}/s{self.num_stages}")
+
+
+def default_config(cin: int, cout: int) -> ConvConfig:
+    """A tiling that fits the channel counts: channel blocks that divide them where they can
+    (96 channels as three 32-blocks, not a 64-block half masked), narrow N for narrow outputs."""
+    block_k = 64 if cin % 64 == 0 else (32 if cin % 32 == 0 else min(64, max(16, pow2(cin))))
+    block_n = min(128, max(16, pow2(cout)))
+    if cout % 128 and cout % 64 == 0:
+        block_n = 64
+    if block_n == 128:
+        return ConvConfig(128, 128, block_k, 8, 3)
+    return ConvConfig(128, block_n, block_k, 4, 4)
+
+
+# The tilings the per-conv benchmark tries (besides ``default_config``'s pick).
+SWEEP_CONFIGS = (
+    ConvConfig(128, 128, 64, 8, 3),
+    ConvConfig(128, 256, 64, 8, 3),
+    ConvConfig(256, 128, 64, 8, 3),
+    ConvConfig(128, 64, 64, 4, 4),
+    ConvConfig(128, 128, 32, 4, 4),
+    ConvConfig(64, 128, 64, 4, 4),
+)
+
+
+def pack_conv_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[Cout, Cin, (KT,) KH, KW] conv weight -> [KT, KH, KW, Cin, Cout] contiguous (KT = 1 for
+    a 2-D conv): the B operand, Cout innermost."""
+    if weight.dim() == 4:
+        weight = weight.unsqueeze(2)
+    if weight.dim() != 5:
+        raise ValueError(f"expected a 2-D or 3-D conv weight, got shape {tuple(weight.shape)}")
+    return weight.permute(2, 3, 4, 1, 0).contiguous()
+
+
+def _as_5d(x: torch.Tensor) -> torch.Tensor:
+    return x.unsqueeze(2) if x.dim() == 4 else x
+
+
+def _pads(padding, rank: int) -> tuple[int, int, int]:
+    pad = (padding,) * (rank - 2) if isinstance(padding, int) else tuple(padding)
+    return (0, *pad) if rank == 4 else pad
+
+
+def output_shape(x_shape, packed_shape, padding) -> tuple[int, ...]:
+    """The conv's output shape for input ``x_shape`` (4-D or 5-D)."""
+    kt, kh, kw, _, cout = packed_shape
+    pt, ph, pw = _pads(padding, len(x_shape))
+    n, _, *spatial = x_shape
+    t, h, w = ([1] + list(spatial)) if len(x_shape) == 4 else spatial
+    dims = (t + 2 * pt - kt + 1, h + 2 * ph - kh + 1, w + 2 * pw - kw + 1)
+    return (n, cout, *dims[1:]) if len(x_shape) == 4 else (n, cout, *dims)
+
+
+def implicit_gemm_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                                 padding=1, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """The test oracle: the conv of ``x`` with the stock ``weight`` ([Cout, Cin, *k]) in fp32,
+    then ``+ bias (+ residual)`` in fp32, rounded once to ``x.dtype``, channels-last."""
+    conv = F.conv2d if x.dim() == 4 else F.conv3d
+    y = conv(x.float(), weight.float(), None, padding=padding)
+    if bias is not None:
+        y = y + bias.float().reshape((1, -1) + (1,) * (x.dim() - 2))
+    if residual is not None:
+        y = y + residual.float()
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    return y.to(x.dtype).contiguous(memory_format=fmt)
+
+
+def implicit_gemm_conv_unsupported(x: torch.Tensor, packed: torch.Tensor, padding=1,
+                                   bias: torch.Tensor | None = None,
+                                   residual: torch.Tensor | None = None) -> str | None:
+    """Why ``implicit_gemm_conv`` cannot take these tensors (short, for the log); None if it can."""
+    reason = IMPLICIT_GEMM_CONV.tensor_reason(x)
+    if reason is not None:
+        return reason
+    if packed.dim() != 5 or not packed.is_contiguous():
+        return "weight not packed by pack_conv_weight"
+    kt, kh, kw, cin, cout = packed.shape
+    if x.dim() == 4 and kt != 1:
+        return "a 3-D weight for a 4-D input"
+    if cin != x.shape[1]:
+        return f"weight takes {cin} channels, input has {x.shape[1]}"
+    if packed.dtype != x.dtype or packed.device != x.device:
+        return "weight differs from the input in dtype or device"
+    if kt * kh * kw > MAX_TAPS:
+        return f"{kt}x{kh}x{kw} kernel (at most {MAX_TAPS} taps)"
+    pads = _pads(padding, x.dim())
+    if len(pads) != 3 or any(p < 0 for p in pads):
+        return f"padding {padding}"
+    shape = output_shape(x.shape, packed.shape, padding)
+    if any(s <= 0 for s in shape[2:]):
+        return "kernel larger than the padded input"
+    if prod(shape) // cout >= MAX_PIXELS:
+        return "2^31 or more output pixels"
+    if bias is not None and (bias.numel() != cout or bias.device != x.device
+                             or not bias.is_floating_point()):
+        return "bias does not match the output's channels/device"
+    if residual is not None and (tuple(residual.shape) != shape or residual.dtype != x.dtype
+                                 or residual.device != x.device or not channel_stride_one(residual)):
+        return "residual differs from the output in shape, dtype, device or layout"
+    return autograd_reason(x, packed, bias, residual)
+
+
+def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
+                       bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
+                       config: ConvConfig | None = None) -> torch.Tensor | None:
+    """``conv(x, weight, padding) + bias (+ residual)`` for the weight ``packed`` by
+    ``pack_conv_weight``, stride 1; a new channels-last(-3d) tensor, or None when unsupported
+    (``implicit_gemm_conv_unsupported`` says why)."""
+    if implicit_gemm_conv_unsupported(x, packed, padding, bias, residual) is not None:
+        return None
+    kt, kh, kw, cin, cout = packed.shape
+    shape = output_shape(x.shape, packed.shape, padding)
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    x5, out5 = _as_5d(x), _as_5d(out)
+    res5 = _as_5d(residual) if residual is not None else out5  # unread without HAS_RES
+    pt, ph, pw = _pads(padding, x.dim())
+    cfg = config or default_config(cin, cout)
+    n, _, t_out, h_out, w_out = out5.shape
+    m = n * t_out * h_out * w_out
+    tiles_m = -(-m // cfg.block_m)
+    tiles_n = -(-cout // cfg.block_n)
+    sx = [x5.stride(d) for d in (0, 2, 3, 4)]
+    so = [out5.stride(d) for d in (0, 2, 3, 4)]
+    sr = [res5.stride(d) for d in (0, 2, 3, 4)]
+    with on_device(x.device):
+        launch(_implicit_gemm_conv_kernel, (tiles_m * tiles_n,),
+            x5, packed, bias if bias is not None else packed, res5, out5,
+            m, t_out, h_out, w_out, x5.shape[2], x5.shape[3], x5.shape[4], cin, cout,
+            *sx, *so, *sr,
+            KT=kt, KH=kh, KW=kw, PAD_T=pt, PAD_H=ph, PAD_W=pw,
+            BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            EVEN_K=cin % cfg.block_k == 0, HAS_BIAS=bias is not None,
+            HAS_RES=residual is not None, DOT_FP32=interpreting(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    return out
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["M", "T_OUT", "H_OUT", "W_OUT", "T_IN", "H_IN", "W_IN"])
+    def _implicit_gemm_conv_kernel(
+        x_ptr, w_ptr, bias_ptr, res_ptr, out_ptr,
+        M, T_OUT, H_OUT, W_OUT, T_IN, H_IN, W_IN, CIN, COUT,
+        sxn, sxt, sxh, sxw, son, sot, soh, sow, srn, srt, srh, srw,
+        KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+        PAD_T: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
+        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr,
+    ):
+        # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
+        pid = tl.program_id(0)
+        tiles_m = tl.cdiv(M, BLOCK_M)
+        tiles_n = tl.cdiv(COUT, BLOCK_N)
+        in_group = GROUP_M * tiles_n
+        first_m = (pid // in_group) * GROUP_M
+        group_rows = tl.minimum(tiles_m - first_m, GROUP_M)
+        pid_m = first_m + (pid % in_group) % group_rows
+        pid_n = (pid % in_group) // group_rows
+
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < M
+        w_o = rows % W_OUT
+        r = rows // W_OUT
+        h_o = r % H_OUT
+        r = r // H_OUT
+        t_o = r % T_OUT
+        n_o = r // T_OUT
+        # Input offset of each row's pixel at tap (0, 0, 0) minus the padding, in int64; a tap
+        # adds a scalar delta. Rows whose tap leaves the input are masked (zero padding).
+        base = (n_o.to(tl.int64) * sxn + (t_o - PAD_T).to(tl.int64) * sxt
+                + (h_o - PAD_H).to(tl.int64) * sxh + (w_o - PAD_W).to(tl.int64) * sxw)
+
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        col_ok = cols < COUT
+        ks = tl.arange(0, BLOCK_K)
+        k_chunks = tl.cdiv(CIN, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for it in range(0, KT * KH * KW * k_chunks):
+            tap = it // k_chunks
+            c0 = (it - tap * k_chunks) * BLOCK_K
+            dt = tap // (KH * KW)
+            dh = (tap // KW) % KH
+            dw = tap % KW
+            ti = t_o + (dt - PAD_T)
+            hi = h_o + (dh - PAD_H)
+            wi = w_o + (dw - PAD_W)
+            ok = (row_ok & (ti >= 0) & (ti < T_IN) & (hi >= 0) & (hi < H_IN)
+                  & (wi >= 0) & (wi < W_IN))
+            delta = dt.to(tl.int64) * sxt + dh.to(tl.int64) * sxh + dw.to(tl.int64) * sxw
+            a_ptrs = x_ptr + (base + delta)[:, None] + (c0 + ks)[None, :]
+            b_ptrs = w_ptr + (tap * CIN + c0 + ks)[:, None] * COUT + cols[None, :]
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=ok[:, None], other=0.0)
+                b = tl.load(b_ptrs, mask=col_ok[None, :], other=0.0)
+            else:
+                k_ok = (c0 + ks) < CIN
+                a = tl.load(a_ptrs, mask=ok[:, None] & k_ok[None, :], other=0.0)
+                b = tl.load(b_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+
+        if HAS_BIAS:
+            acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        mask = row_ok[:, None] & col_ok[None, :]
+        n64 = n_o.to(tl.int64)
+        t64 = t_o.to(tl.int64)
+        h64 = h_o.to(tl.int64)
+        w64 = w_o.to(tl.int64)
+        if HAS_RES:
+            r_off = n64 * srn + t64 * srt + h64 * srh + w64 * srw
+            acc += tl.load(res_ptr + r_off[:, None] + cols[None, :], mask=mask,
+                           other=0.0).to(tl.float32)
+        o_off = n64 * son + t64 * sot + h64 * soh + w64 * sow
+        tl.store(out_ptr + o_off[:, None] + cols[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+__all__ = [
+    "IMPLICIT_GEMM_CONV",
+    "SWEEP_CONFIGS",
+    "ConvConfig",
+    "default_config",
+    "implicit_gemm_conv",
+    "implicit_gemm_conv_reference",
+    "implicit_gemm_conv_unsupported",
+    "output_shape",
+    "pack_conv_weight",
+]
