@@ -85,8 +85,9 @@ SWEEP_CONFIGS = (
     ConvConfig(128, 256, 64, 8, 3),
     ConvConfig(256, 128, 64, 8, 3),
     ConvConfig(128, 64, 64, 4, 4),
-    ConvConfig(128, 128, 32, 4, 4),
     ConvConfig(64, 128, 64, 4, 4),
+    ConvConfig(256, 16, 64, 8, 3),  # narrow outputs (heads): more pixels per program
+    ConvConfig(64, 16, 64, 4, 4),
 )
 
 
