@@ -20,6 +20,15 @@ from fast_vae_decode.kernels.implicit_gemm_conv import (
 
 pytestmark = pytest.mark.cuda
 
+
+@pytest.fixture(autouse=True)
+def _fp32_oracle():
+    # The oracle's fp32 convolution in true fp32 (cuDNN would otherwise round inputs to TF32).
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32 = previous
+
 CASES = [  # (input shape, Cout, kernel, padding, residual)
     ((1, 512, 128, 128), 512, (3, 3), 1, True),  # SDXL mid/up block conv2 + shortcut
     ((1, 4, 128, 128), 512, (3, 3), 1, False),  # SDXL conv_in
