@@ -218,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     convs.add_argument("--sweep", type=_count(0), default=16, metavar="N",
                        help="also try the other tilings on the N heaviest shapes and the heads "
                             "(default %(default)s; 0: default tiling only, heads apart)")
+    convs.add_argument("--kinds", default=None,
+                       help="time only these kinds, comma-separated (e.g. head,conv_in)")
     convs.add_argument("--json", dest="json_path", default=None, help="write results here")
     convs.set_defaults(parser=convs, run=_convs)
 
@@ -280,7 +282,8 @@ def _convs(args) -> int:
         results = [convs.ConvResult(shape, calls) for shape, calls in shapes]
     else:
         _fresh_triton_cache()
-        results = convs.time_convs(shapes, repeats=args.repeats, sweep=args.sweep,
+        kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+        results = convs.time_convs(shapes, repeats=args.repeats, sweep=args.sweep, kinds=kinds,
                                    log=lambda line: print(line, flush=True))
     print(convs.convs_markdown(results), flush=True)
     if args.json_path:

@@ -20,6 +20,7 @@ conv biases in the following fused pass); ``implicit_gemm_conv`` includes the bi
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -288,10 +289,76 @@ def triton_supports(shape: ConvShape) -> bool:
     return shape.route != "transposed"
 
 
-def _median_ms(fn, repeats: int, warmup: int) -> float:
+def narrow_supported(shape: ConvShape) -> bool:
+    """``narrow_conv`` applies: spatial taps to share, few outputs (products within
+    ``MAX_COLUMNS``)."""
+    from ..kernels.narrow_conv import MAX_COLUMNS
+
+    taps = shape.kernel[-2] * shape.kernel[-1]
+    return (triton_supports(shape) and taps > 1 and shape.cout <= 16
+            and taps * shape.cout <= MAX_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One Triton way to run a shape: ``op`` (``implicit_gemm_conv`` or ``narrow_conv``) at a
+    tiling (for ``narrow_conv``, its tap-products GEMM's)."""
+
+    op: str
+    config: Any
+
+    def __str__(self) -> str:
+        return f"{self.op} {self.config}"
+
+
+def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
+    """The Triton variants timed for ``shape``: each op's default tiling, the sweep's too."""
+    from ..kernels import implicit_gemm_conv as igc
+    from ..kernels.accepts import pow2
+
+    if not triton_supports(shape):
+        return []
+    cin = shape.input[1]
+    configs = [igc.default_config(cin, shape.cout)]
+    if sweep:
+        narrow = pow2(shape.cout) <= 16
+        configs += [c for c in igc.SWEEP_CONFIGS if c not in configs
+                    and (c.block_n == 16) == narrow]
+    out = [Variant("implicit_gemm_conv", c) for c in configs]
+    if narrow_supported(shape):
+        columns = max(16, pow2(shape.kernel[-2] * shape.kernel[-1] * shape.cout))
+        k = shape.kernel[0] * cin if len(shape.kernel) == 3 else cin
+        tilings = [igc.default_config(cin, columns)]
+        if sweep:
+            tilings += [dataclasses.replace(c, block_n=min(c.block_n, columns))
+                        for c in igc.NARROW_SWEEP_CONFIGS]
+        tilings = [c for c in dict.fromkeys(tilings) if c.block_k <= max(16, pow2(k))]
+        out += [Variant("narrow_conv", c) for c in tilings]
+    return out
+
+
+def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dict):
+    """A no-argument function running ``variant`` on ``x`` (weights packed once, in ``packs``)."""
+    from ..kernels.implicit_gemm_conv import implicit_gemm_conv, pack_conv_weight
+    from ..kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
+
+    if variant.op == "narrow_conv":
+        if "narrow" not in packs:
+            packs["narrow"] = pack_narrow_conv_weight(weight)
+        packed = packs["narrow"]
+        return functools.partial(narrow_conv, x, packed, shape.padding, bias,
+                                 config=variant.config)
+    if "igc" not in packs:
+        packs["igc"] = pack_conv_weight(weight)
+    packed = packs["igc"]
+    return functools.partial(implicit_gemm_conv, x, packed, shape.padding, bias,
+                             config=variant.config)
+
+
+def _median_ms(fn, repeats: int, warmup: int, device) -> float:
     from .timing import measure
 
-    return statistics.median(measure(fn, "cuda", repeats, warmup).times_ms)
+    return statistics.median(measure(fn, device, repeats, warmup).times_ms)
 
 
 def heaviest(shapes: list[tuple[ConvShape, dict[str, int]]], count: int) -> set[ConvShape]:
@@ -307,93 +374,85 @@ def heaviest(shapes: list[tuple[ConvShape, dict[str, int]]], count: int) -> set[
 
 
 def time_convs(shapes: list[tuple[ConvShape, dict[str, int]]], *, repeats: int = 5,
-               warmup: int = 2, sweep: int = 16, log=print) -> list[ConvResult]:
-    """Times every shape on cuDNN and (where it applies) ``implicit_gemm_conv`` at
-    ``default_config``'s tiling, and for the ``sweep`` heaviest shapes and every head also at
-    the tilings ``SWEEP_CONFIGS``; all variants compile in parallel first."""
-    from ..kernels import implicit_gemm_conv as igc
-
-    device, dtype = torch.device("cuda"), torch.bfloat16
-    results = []
-    jobs = []
+               warmup: int = 2, sweep: int = 16, kinds: tuple[str, ...] | None = None,
+               log=print, device: str = "cuda") -> list[ConvResult]:
+    """Times every shape (of ``kinds``, if given) on cuDNN and on the Triton ``variants``: each
+    op's default tiling, and for the ``sweep`` heaviest shapes and every head the other
+    tilings too; all variants compile in parallel first."""
+    device, dtype = torch.device(device), torch.bfloat16
     swept = heaviest(shapes, sweep)
+    results, jobs = [], []
     for shape, calls in shapes:
+        if kinds is not None and shape.kind not in kinds:
+            continue
         result = ConvResult(shape, calls)
         results.append(result)
-        if not triton_supports(shape):
+        chosen = variants(shape, shape in swept or shape.kind == "head")
+        if not chosen:
             result.note = "no Triton route yet"
-            continue
-        cin = shape.input[1]
-        configs = [igc.default_config(cin, shape.cout)]
-        if shape in swept or shape.kind == "head":
-            narrow = igc.pow2(shape.cout) <= 16
-            configs += [c for c in igc.SWEEP_CONFIGS if c not in configs
-                        and (c.block_n == 16) == narrow]
-        jobs.append((result, configs))
-    _compile_all(jobs, log)
-    for result in results:
+        jobs.append((result, chosen))
+    _compile_all(jobs, log, device)
+    for result, chosen in jobs:
         shape = result.shape
         x, weight, bias = _inputs(shape, device, dtype)
-        result.cudnn_ms = _median_ms(cudnn_call(shape, x, weight), repeats, warmup)
-        configs = next((c for r, c in jobs if r is result), [])
-        if configs:
-            packed = igc.pack_conv_weight(weight)
-            for cfg in configs:
-                result.triton_ms_by_config[str(cfg)] = _median_ms(
-                    functools.partial(igc.implicit_gemm_conv, x, packed, shape.padding, bias,
-                                      config=cfg), repeats, warmup)
+        result.cudnn_ms = _median_ms(cudnn_call(shape, x, weight), repeats, warmup, device)
+        packs: dict = {}
+        for variant in chosen:
+            fn = variant_call(variant, shape, x, weight, bias, packs)
+            result.triton_ms_by_config[str(variant)] = _median_ms(fn, repeats, warmup, device)
+        if chosen:
             best = min(result.triton_ms_by_config, key=result.triton_ms_by_config.get)
             result.triton_config, result.triton_ms = best, result.triton_ms_by_config[best]
-            result.triton_max_error = _check(shape, x, weight, bias, packed)
+            winner = next(v for v in chosen if str(v) == best)
+            result.triton_max_error = _check(shape, x, weight, bias,
+                                             variant_call(winner, shape, x, weight, bias, packs))
         log(f"{shape.label}: cuDNN {_fmt(result.cudnn_ms)} ms, Triton {_fmt(result.triton_ms)} "
             f"ms ({result.triton_config or result.note})")
-        del x, weight, bias
+        del x, weight, bias, packs
     return results
 
 
-def _check(shape, x, weight, bias, packed) -> float:
-    """Largest |Triton - fp32-accumulated cuDNN + bias| relative to the largest output value."""
+def _check(shape, x, weight, bias, fn) -> float:
+    """Largest |Triton - cuDNN with bias| relative to the largest output value."""
     import torch.nn.functional as F
-
-    from ..kernels.implicit_gemm_conv import implicit_gemm_conv
 
     conv = F.conv2d if x.dim() == 4 else F.conv3d
     ref = conv(x, weight, bias, padding=shape.padding).float()
-    got = implicit_gemm_conv(x, packed, shape.padding, bias).float()
-    return float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
+    return float((fn().float() - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
 
 
-def _compile_all(jobs, log) -> None:
-    """Compile every Triton variant the timing will launch, in parallel (one variant per tiling,
+def _compile_all(jobs, log, device) -> None:
+    """Compile every Triton variant the timing will launch, in parallel (one per tiling,
     kernel geometry and the integer arguments' divisibility; serially, compiling would take
     most of the run). Launches are recorded on uninitialised tensors of the real sizes, so
     each variant is the one the timed call uses."""
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    from ..kernels import implicit_gemm_conv as igc
     from ..kernels.backend import compile_launch, recording_launches, variant_key
 
     start = time.perf_counter()
     records = {}
-    for result, configs in jobs:
+    for result, chosen in jobs:
+        if not chosen:
+            continue
         shape = result.shape
         fmt = torch.channels_last if len(shape.input) == 4 else torch.channels_last_3d
-        x = torch.empty(shape.input, device="cuda", dtype=torch.bfloat16, memory_format=fmt)
-        w = torch.empty((shape.cout, shape.input[1], *shape.kernel), device="cuda",
+        x = torch.empty(shape.input, device=device, dtype=torch.bfloat16, memory_format=fmt)
+        w = torch.empty((shape.cout, shape.input[1], *shape.kernel), device=device,
                         dtype=torch.bfloat16)
-        b = torch.empty(shape.cout, device="cuda", dtype=torch.bfloat16)
+        b = torch.empty(shape.cout, device=device, dtype=torch.bfloat16)
+        packs: dict = {}
         with recording_launches() as recorded:
-            for cfg in configs:
-                igc.implicit_gemm_conv(x, igc.pack_conv_weight(w), shape.padding, b, config=cfg)
+            for variant in chosen:
+                variant_call(variant, shape, x, w, b, packs)()
         for record in recorded:
             ints = tuple((a % 16 == 0, a == 1) for a in record[2] if isinstance(a, int))
             records.setdefault((variant_key(record), ints), record)
-        del x, w, b
+        del x, w, b, packs
     with ThreadPoolExecutor(max_workers=16) as pool:
         list(pool.map(compile_launch, records.values()))
-    log(f"compiled {len(records)} implicit_gemm_conv variants in "
-        f"{time.perf_counter() - start:.1f} s")
+    log(f"compiled {len(records)} Triton variants in {time.perf_counter() - start:.1f} s")
 
 
 def environment() -> dict:

@@ -32,16 +32,11 @@ from math import prod
 import torch
 import torch.nn.functional as F
 
-from .accepts import Accepts, autograd_reason, pow2
+from .accepts import Accepts, autograd_reason, channel_stride_one, pow2
 from .backend import interpreting, launch, on_device, tl, triton
 
 MAX_PIXELS = 2**31  # output pixels over the whole batch (int32 row index)
 MAX_TAPS = 27
-
-
-def channel_stride_one(x: torch.Tensor) -> bool:
-    """Each pixel's channels are contiguous (stride 1); the other strides may be anything."""
-    return x.dim() >= 2 and (x.shape[1] == 1 or x.stride(1) == 1)
 
 
 # What the kernel takes as its input ``x`` (``implicit_gemm_conv_unsupported`` asks this).
@@ -88,6 +83,16 @@ SWEEP_CONFIGS = (
     ConvConfig(64, 128, 64, 4, 4),
     ConvConfig(256, 16, 64, 8, 3),  # narrow outputs (heads): more pixels per program
     ConvConfig(64, 16, 64, 4, 4),
+)
+
+# The tilings the per-conv benchmark tries for ``narrow_conv``'s tap products (few columns,
+# a short reduction: memory-bound, so wide row tiles and deep pipelines; block_n is capped at
+# the columns there).
+NARROW_SWEEP_CONFIGS = (
+    ConvConfig(128, 32, 64, 4, 3),
+    ConvConfig(256, 32, 64, 8, 3),
+    ConvConfig(128, 32, 32, 4, 4),
+    ConvConfig(256, 128, 32, 8, 3),
 )
 
 
@@ -171,16 +176,20 @@ def implicit_gemm_conv_unsupported(x: torch.Tensor, packed: torch.Tensor, paddin
 
 def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
                        bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
-                       config: ConvConfig | None = None) -> torch.Tensor | None:
+                       config: ConvConfig | None = None,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """``conv(x, weight, padding) + bias (+ residual)`` for the weight ``packed`` by
-    ``pack_conv_weight``, stride 1; a new channels-last(-3d) tensor, or None when unsupported
+    ``pack_conv_weight``, stride 1; a new channels-last(-3d) tensor in ``out_dtype`` (default
+    ``x``'s; fp32 keeps the accumulator unrounded for a later sum), or None when unsupported
     (``implicit_gemm_conv_unsupported`` says why)."""
     if implicit_gemm_conv_unsupported(x, packed, padding, bias, residual) is not None:
+        return None
+    if residual is not None and out_dtype not in (None, x.dtype):
         return None
     kt, kh, kw, cin, cout = packed.shape
     shape = output_shape(x.shape, packed.shape, padding)
     fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
-    out = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=fmt)
+    out = torch.empty(shape, dtype=out_dtype or x.dtype, device=x.device, memory_format=fmt)
     x5, out5 = _as_5d(x), _as_5d(out)
     res5 = _as_5d(residual) if residual is not None else out5  # unread without HAS_RES
     pt, ph, pw = _pads(padding, x.dim())
@@ -291,6 +300,7 @@ if triton is not None:
 
 __all__ = [
     "IMPLICIT_GEMM_CONV",
+    "NARROW_SWEEP_CONFIGS",
     "SWEEP_CONFIGS",
     "ConvConfig",
     "default_config",

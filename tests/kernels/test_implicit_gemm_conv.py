@@ -19,6 +19,7 @@ from fast_vae_decode.kernels.implicit_gemm_conv import (
     output_shape,
     pack_conv_weight,
 )
+from support.conv_inputs import conv_tensors
 
 SMALL = ConvConfig(32, 16, 16, 4, 2)  # several row, column and reduction tiles at these sizes
 
@@ -38,16 +39,13 @@ def _memory_format(rank: int) -> torch.memory_format:
 
 
 def _tensors(shape, cout, kernel, padding, residual, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    fmt = _memory_format(len(shape))
-    x = torch.randn(shape, generator=g).bfloat16().contiguous(memory_format=fmt)
-    fan_in = shape[1] * torch.Size(kernel).numel()
-    w = (torch.randn((cout, shape[1], *kernel), generator=g) / fan_in**0.5).bfloat16()
-    b = (torch.randn(cout, generator=g) * 0.1).bfloat16()
+    x, w, b = conv_tensors(shape, cout, kernel, seed=seed)
     res = None
     if residual:
+        g = torch.Generator().manual_seed(seed + 1)
         out_shape = output_shape(shape, pack_conv_weight(w).shape, padding)
-        res = torch.randn(out_shape, generator=g).bfloat16().contiguous(memory_format=fmt)
+        res = torch.randn(out_shape, generator=g).bfloat16().contiguous(
+            memory_format=_memory_format(len(shape)))
     return x, w, b, res
 
 

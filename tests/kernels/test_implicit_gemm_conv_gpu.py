@@ -17,17 +17,10 @@ from fast_vae_decode.kernels.implicit_gemm_conv import (
     implicit_gemm_conv_reference,
     pack_conv_weight,
 )
+from support.conv_inputs import conv_tensors, true_fp32_oracle  # noqa: F401 (autouse fixture)
 
 pytestmark = pytest.mark.cuda
 
-
-@pytest.fixture(autouse=True)
-def _fp32_oracle():
-    # The oracle's fp32 convolution in true fp32 (cuDNN would otherwise round inputs to TF32).
-    previous = torch.backends.cudnn.allow_tf32
-    torch.backends.cudnn.allow_tf32 = False
-    yield
-    torch.backends.cudnn.allow_tf32 = previous
 
 CASES = [  # (input shape, Cout, kernel, padding, residual)
     ((1, 512, 128, 128), 512, (3, 3), 1, True),  # SDXL mid/up block conv2 + shortcut
@@ -40,20 +33,10 @@ CASES = [  # (input shape, Cout, kernel, padding, residual)
 ]
 
 
-def _tensors(shape, cout, kernel, seed=0):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    fmt = torch.channels_last if len(shape) == 4 else torch.channels_last_3d
-    x = torch.randn(shape, generator=g, device="cuda").bfloat16().contiguous(memory_format=fmt)
-    fan_in = shape[1] * torch.Size(kernel).numel()
-    w = (torch.randn((cout, shape[1], *kernel), generator=g, device="cuda") / fan_in**0.5).bfloat16()
-    b = (torch.randn(cout, generator=g, device="cuda") * 0.1).bfloat16()
-    return x, w, b
-
-
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}->{c[1]}")
 def test_matches_reference_at_real_sizes(case):
     shape, cout, kernel, padding, residual = case
-    x, w, b = _tensors(shape, cout, kernel)
+    x, w, b = conv_tensors(shape, cout, kernel, device="cuda")
     expected = implicit_gemm_conv_reference(x, w, b, padding)
     res = None
     if residual:
