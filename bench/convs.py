@@ -308,7 +308,7 @@ class Variant:
     config: Any
 
     def __str__(self) -> str:
-        return f"{self.op} {self.config}"
+        return f"{self.op} {self.config or 'default'}"
 
 
 def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
@@ -319,21 +319,23 @@ def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
     if not triton_supports(shape):
         return []
     cin = shape.input[1]
+    frames = len(shape.kernel) == 3 and shape.output[2] > 1  # time_inner changes something
     configs = [igc.default_config(cin, shape.cout)]
     if sweep:
         narrow = pow2(shape.cout) <= 16
         configs += [c for c in igc.SWEEP_CONFIGS if c not in configs
-                    and (c.block_n == 16) == narrow]
+                    and (c.block_n == 16) == narrow and (frames or not c.time_inner)]
     out = [Variant("implicit_gemm_conv", c) for c in configs]
     if narrow_supported(shape):
         columns = max(16, pow2(shape.kernel[-2] * shape.kernel[-1] * shape.cout))
         k = shape.kernel[0] * cin if len(shape.kernel) == 3 else cin
-        tilings = [igc.default_config(cin, columns)]
+        # narrow_conv's own default (config=None) first, as the fused path runs it
+        tilings = [None]
         if sweep:
             tilings += [dataclasses.replace(c, block_n=min(c.block_n, columns))
-                        for c in igc.NARROW_SWEEP_CONFIGS]
-        tilings = [c for c in dict.fromkeys(tilings) if c.block_k <= max(16, pow2(k))]
-        out += [Variant("narrow_conv", c) for c in tilings]
+                        for c in igc.NARROW_SWEEP_CONFIGS
+                        if c.block_k <= max(16, pow2(k)) and (frames or not c.time_inner)]
+        out += [Variant("narrow_conv", c) for c in dict.fromkeys(tilings)]
     return out
 
 
@@ -397,9 +399,13 @@ def time_convs(shapes: list[tuple[ConvShape, dict[str, int]]], *, repeats: int =
         x, weight, bias = _inputs(shape, device, dtype)
         result.cudnn_ms = _median_ms(cudnn_call(shape, x, weight), repeats, warmup, device)
         packs: dict = {}
-        for variant in chosen:
+        for variant in list(chosen):
             fn = variant_call(variant, shape, x, weight, bias, packs)
-            result.triton_ms_by_config[str(variant)] = _median_ms(fn, repeats, warmup, device)
+            try:
+                result.triton_ms_by_config[str(variant)] = _median_ms(fn, repeats, warmup, device)
+            except Exception as exc:  # a variant that does not compile or run: the others count
+                chosen.remove(variant)
+                result.note = f"{variant}: {type(exc).__name__}: {exc}".splitlines()[0][:200]
         if chosen:
             best = min(result.triton_ms_by_config, key=result.triton_ms_by_config.get)
             result.triton_config, result.triton_ms = best, result.triton_ms_by_config[best]
@@ -450,9 +456,18 @@ def _compile_all(jobs, log, device) -> None:
             ints = tuple((a % 16 == 0, a == 1) for a in record[2] if isinstance(a, int))
             records.setdefault((variant_key(record), ints), record)
         del x, w, b, packs
+    failures = []
+
+    def compile_one(record) -> None:
+        try:
+            compile_launch(record)
+        except Exception as exc:  # the timed call reports it again, for its own variant
+            failures.append(f"{type(exc).__name__}: {exc}".splitlines()[0][:200])
+
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(compile_launch, records.values()))
-    log(f"compiled {len(records)} Triton variants in {time.perf_counter() - start:.1f} s")
+        list(pool.map(compile_one, records.values()))
+    log(f"compiled {len(records)} Triton variants in {time.perf_counter() - start:.1f} s"
+        + (f"; {len(failures)} failed, first: {failures[0]}" if failures else ""))
 
 
 def environment() -> dict:

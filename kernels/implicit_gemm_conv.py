@@ -56,10 +56,13 @@ class ConvConfig:
     num_warps: int = 8
     num_stages: int = 3
     group_m: int = 8
+    # Rows ordered (n, h, w, t): a tile holds every output frame of fewer pixels, so the input
+    # frames its temporal taps share are read while still in cache (3-D kernels only).
+    time_inner: bool = False
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}"
-                f"/w{self.num_warps}/s{self.num_stages}")
+                f"/w{self.num_warps}/s{self.num_stages}" + ("/t" if self.time_inner else ""))
 
 
 def default_config(cin: int, cout: int) -> ConvConfig:
@@ -83,6 +86,7 @@ SWEEP_CONFIGS = (
     ConvConfig(64, 128, 64, 4, 4),
     ConvConfig(256, 16, 64, 8, 3),  # narrow outputs (heads): more pixels per program
     ConvConfig(64, 16, 64, 4, 4),
+    ConvConfig(128, 256, 64, 8, 3, time_inner=True),  # 3-D inputs of several output frames
 )
 
 # The tilings the per-conv benchmark tries for ``narrow_conv``'s tap products (few columns,
@@ -93,6 +97,8 @@ NARROW_SWEEP_CONFIGS = (
     ConvConfig(256, 32, 64, 8, 3),
     ConvConfig(128, 32, 32, 4, 4),
     ConvConfig(256, 128, 32, 8, 3),
+    ConvConfig(128, 32, 32, 4, 4, time_inner=True),
+    ConvConfig(256, 128, 32, 8, 3, time_inner=True),
 )
 
 
@@ -208,6 +214,7 @@ def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
             *sx, *so, *sr,
             KT=kt, KH=kh, KW=kw, PAD_T=pt, PAD_H=ph, PAD_W=pw,
             BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+            TIME_INNER=cfg.time_inner and t_out > 1,
             EVEN_K=cin % cfg.block_k == 0, HAS_BIAS=bias is not None,
             HAS_RES=residual is not None, DOT_FP32=interpreting(),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
@@ -225,7 +232,7 @@ if triton is not None:
         KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
         PAD_T: tl.constexpr, PAD_H: tl.constexpr, PAD_W: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-        GROUP_M: tl.constexpr, EVEN_K: tl.constexpr,
+        GROUP_M: tl.constexpr, TIME_INNER: tl.constexpr, EVEN_K: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr,
     ):
         # Grouped tile order: GROUP_M row tiles share each weight column tile while it is in L2.
@@ -240,12 +247,20 @@ if triton is not None:
 
         rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         row_ok = rows < M
-        w_o = rows % W_OUT
-        r = rows // W_OUT
-        h_o = r % H_OUT
-        r = r // H_OUT
-        t_o = r % T_OUT
-        n_o = r // T_OUT
+        if TIME_INNER:
+            t_o = rows % T_OUT
+            r = rows // T_OUT
+            w_o = r % W_OUT
+            r = r // W_OUT
+            h_o = r % H_OUT
+            n_o = r // H_OUT
+        else:
+            w_o = rows % W_OUT
+            r = rows // W_OUT
+            h_o = r % H_OUT
+            r = r // H_OUT
+            t_o = r % T_OUT
+            n_o = r // T_OUT
         # Input offset of each row's pixel at tap (0, 0, 0) minus the padding, in int64; a tap
         # adds a scalar delta. Rows whose tap leaves the input are masked (zero padding).
         base = (n_o.to(tl.int64) * sxn + (t_o - PAD_T).to(tl.int64) * sxt

@@ -21,7 +21,7 @@ fp32 values and the bias and rounds once (stock rounds the conv output, then the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -30,6 +30,7 @@ from .backend import launch, on_device, tl, triton
 from .implicit_gemm_conv import (
     IMPLICIT_GEMM_CONV,
     ConvConfig,
+    default_config,
     implicit_gemm_conv,
     implicit_gemm_conv_reference,
 )
@@ -126,6 +127,10 @@ def narrow_conv(x: torch.Tensor, weight: NarrowWeight, padding=1,
         return None
     pt, ph, pw = _pads(padding, x.dim())
     time_pad = 0 if x.dim() == 4 else (pt, 0, 0)
+    if config is None:
+        # Output frames innermost: the frames the temporal taps share are read while cached.
+        config = replace(default_config(x.shape[1], weight.taps.shape[4]),
+                         time_inner=weight.kt > 1)
     products = implicit_gemm_conv(x, weight.taps, time_pad, config=config,
                                   out_dtype=torch.float32)
     if products is None:  # the checks above are implicit_gemm_conv's; a decline is a bug

@@ -118,3 +118,24 @@ def test_wan_head_runs_narrow_conv_and_stays_close(kind, shape, monkeypatch):
     routed_off = _decode(fast, z, True)
     assert spy.calls == shape[2]  # no more calls without the route
     assert _psnr(got.float(), routed_off.float()) > 55  # 65 / 66 dB
+
+
+def test_wan_head_prewarm_records_both_tap_variants():
+    # The first decode's warm-up compiles what the head will launch: the first chunk's single
+    # frame (one temporal tap) and the later chunks' three taps; other causal convs warm none.
+    from fast_vae_decode.fastpath.families.wan.modules import FusedWanCausalConv3d
+    from fast_vae_decode.kernels import implicit_gemm_conv, narrow_conv
+    from fast_vae_decode.kernels.backend import recording_launches
+    from support.wan_models import tiny_wan
+
+    fast = tiny_wan("wan21").to(torch.bfloat16)
+    install_fast_path(fast)
+    convs = [m for m in fast.modules() if isinstance(m, FusedWanCausalConv3d)]
+    heads = [m for m in convs if m.prewarm_channels() is not None]
+    assert [m.out_channels for m in heads] == [3]
+    with recording_launches() as recorded, torch.inference_mode():
+        heads[0].prewarm(torch.device("cpu"), torch.bfloat16)
+    taps = sorted(kw["KT"] for k, _, _, kw in recorded
+                  if k is implicit_gemm_conv._implicit_gemm_conv_kernel)
+    assert taps == [1, 3]
+    assert sum(k is narrow_conv._tap_sum_kernel for k, *_ in recorded) == 2

@@ -65,6 +65,17 @@ def test_matches_reference(case, residual):
     _close(y, implicit_gemm_conv_reference(x, w, b, padding, res))
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if len(c[0]) == 5],
+                         ids=lambda c: f"{c[0]}->{c[1]}k{c[2]}")
+def test_frames_innermost_rows(case):
+    # time_inner orders the GEMM rows (n, h, w, t); the result must not change.
+    shape, cout, kernel, padding = case
+    x, w, b, res = _tensors(shape, cout, kernel, padding, True)
+    cfg = ConvConfig(32, 16, 16, 4, 2, time_inner=True)
+    y = implicit_gemm_conv(x, pack_conv_weight(w), padding, b, res, cfg)
+    _close(y, implicit_gemm_conv_reference(x, w, b, padding, res))
+
+
 def test_default_config_and_no_bias():
     x, w, _, _ = _tensors((1, 96, 3, 5), 3, (3, 3), 1, False)
     y = implicit_gemm_conv(x, pack_conv_weight(w), 1)  # default_config: 32-channel blocks
