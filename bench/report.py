@@ -63,7 +63,9 @@ def convs_section(env: dict, results) -> list[str]:
             "Every distinct convolution of the decoders, as the fused path runs it (folded "
             "upsampling, cached frames in front of causal convs, narrow 3x3x3 convs as three "
             "2-D taps): cuDNN channels-last bf16 without bias (the pack adds it in the next "
-            "fused pass) against `implicit_gemm_conv` with its bias, at the best tiling tried. "
+            "fused pass) against the pack's Triton convs with their bias (`implicit_gemm_conv`; "
+            "`narrow_conv` where few outputs share the taps), the fastest variant tried named "
+            "in the last column. "
             "Median of the timed calls (CUDA events)" + (f"; {where}." if where else "."), "",
             convs_markdown(results), ""]
 

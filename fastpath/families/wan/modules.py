@@ -175,10 +175,10 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
         return self.in_channels
 
     def prewarm(self, device, dtype):
-        """The first chunk's single frame (its last temporal tap only) and a chunk of several
-        frames (every tap): two variants of the routed conv."""
+        """A chunk of several frames (every temporal tap, the routed kernel) and the first
+        chunk's single frame (its last tap only: cuDNN's taps, whose bias add it warms)."""
         with weights_for_call():
-            for frames in (1, 3):
+            for frames in (3, 1):
                 x = torch.randn(1, self.in_channels, frames, 8, 8, device=device, dtype=dtype)
                 x = to_cl3d(x)
                 if self.fast_unsupported(x) is None:

@@ -249,7 +249,8 @@ def narrow_parts(conv, inp: torch.Tensor, first_tap: int, pad_h: int,
                  pad_w: int) -> list[torch.Tensor] | None:
     """The conv as one ``narrow_conv`` output (temporal taps from ``first_tap``), where
     ``conv_routes`` sends its shape there and the kernel takes ``inp``; else None (cuDNN)."""
-    if (conv_route(conv.out_channels, tuple(conv.kernel_size)) != NARROW_CONV
+    kernel = (conv.kernel_size[0] - first_tap, *conv.kernel_size[1:])
+    if (conv_route(conv.out_channels, kernel) != NARROW_CONV
             or tuple(conv.stride) != (1, 1, 1) or tuple(conv.dilation) != (1, 1, 1)
             or conv.groups != 1 or _NARROW_CONV_INPUT.tensor_reason(inp) is not None):
         return None
