@@ -19,6 +19,13 @@ int32, so M < 2^31 pixels (``MAX_PIXELS``).
 Under ``TRITON_INTERPRET=1`` the tiles are widened to fp32 before ``tl.dot`` (the interpreter's
 bf16 product is wrong; bf16 values are exact in fp32, so the test oracle is unchanged).
 
+Two variants of the same GEMM (``ConvConfig.tma``): the pointer variant above, for any strides;
+and a TMA variant for dense tensors, whose row tile is a rectangle of output pixels loaded by
+Hopper's tensor-memory accelerator from 4-D descriptors (frames x rows x columns x channels),
+the copy engine's zero fill doing the padding. The per-conv benchmark tries both; on the GPU
+the pointer variant was measured (docs/benchmark/convs), the TMA variant only under the
+interpreter and in its GPU tests' oracle check.
+
 Rounding: products of bf16/fp16 inputs accumulate in fp32 (the tensor cores' products are
 exact), bias and residual are added in fp32 and the sum is rounded once to the activation
 dtype; cuDNN rounds its conv output before torch's separate bias and residual adds, so results
@@ -34,6 +41,11 @@ import torch.nn.functional as F
 
 from .accepts import Accepts, autograd_reason, channel_stride_one, pow2
 from .backend import interpreting, launch, on_device, tl, triton
+
+try:  # host-side tensor descriptors (the TMA variant); Triton >= 3.4
+    from triton.tools.tensor_descriptor import TensorDescriptor
+except Exception:
+    TensorDescriptor = None
 
 MAX_PIXELS = 2**31  # output pixels over the whole batch (int32 row index)
 MAX_TAPS = 27
@@ -59,10 +71,16 @@ class ConvConfig:
     # Rows ordered (n, h, w, t): a tile holds every output frame of fewer pixels, so the input
     # frames its temporal taps share are read while still in cache (3-D kernels only).
     time_inner: bool = False
+    # Tiles loaded by the tensor-memory accelerator (Hopper's bulk tensor copies): the row
+    # tile is a (block_m // tma_width) x tma_width rectangle of output pixels, and the copy
+    # engine fills the taps that leave the image with zeros (``tma_reason`` says where).
+    tma: bool = False
+    tma_width: int = 16
 
     def __str__(self) -> str:
         return (f"{self.block_m}x{self.block_n}x{self.block_k}"
-                f"/w{self.num_warps}/s{self.num_stages}" + ("/t" if self.time_inner else ""))
+                f"/w{self.num_warps}/s{self.num_stages}" + ("/t" if self.time_inner else "")
+                + (f"/tma{self.tma_width}" if self.tma else ""))
 
 
 def default_config(cin: int, cout: int) -> ConvConfig:
@@ -87,6 +105,10 @@ SWEEP_CONFIGS = (
     ConvConfig(256, 16, 64, 8, 3),  # narrow outputs (heads): more pixels per program
     ConvConfig(64, 16, 64, 4, 4),
     ConvConfig(128, 256, 64, 8, 3, time_inner=True),  # 3-D inputs of several output frames
+    ConvConfig(128, 128, 64, 8, 3, tma=True),
+    ConvConfig(128, 256, 64, 8, 3, tma=True),
+    ConvConfig(256, 128, 64, 8, 3, tma=True),
+    ConvConfig(128, 128, 32, 4, 4, tma=True),
 )
 
 # The tilings the per-conv benchmark tries for ``narrow_conv``'s tap products (few columns,
@@ -180,6 +202,31 @@ def implicit_gemm_conv_unsupported(x: torch.Tensor, packed: torch.Tensor, paddin
     return autograd_reason(x, packed, bias, residual)
 
 
+def tma_reason(x: torch.Tensor, packed: torch.Tensor, padding, out_dtype: torch.dtype,
+               residual: torch.Tensor | None, cfg: ConvConfig) -> str | None:
+    """Why the TMA variant cannot take a call ``implicit_gemm_conv`` accepted (it then runs
+    the pointer variant): the copy engine needs dense channels-last(-3d) tensors (frames are
+    flattened into one axis, so no time padding), 16-byte aligned rows and bases, and tiles
+    of whole rows of ``tma_width`` pixels."""
+    if TensorDescriptor is None:
+        return "no tensor descriptors in this Triton"
+    fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+    if not x.is_contiguous(memory_format=fmt):
+        return "input not dense channels-last"
+    if residual is not None and not residual.is_contiguous(memory_format=fmt):
+        return "residual not dense channels-last"
+    if _pads(padding, x.dim())[0] != 0:
+        return "time padding"
+    cin, cout = packed.shape[3:]
+    if (cin * x.element_size()) % 16 or (cout * torch.finfo(out_dtype).bits // 8) % 16:
+        return "channel rows not 16-byte multiples"
+    if any(t.data_ptr() % 16 for t in (x, packed) + ((residual,) if residual is not None else ())):
+        return "base not 16-byte aligned"
+    if cfg.block_m % cfg.tma_width:
+        return "row tile not whole rows"
+    return None
+
+
 def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
                        bias: torch.Tensor | None = None, residual: torch.Tensor | None = None,
                        config: ConvConfig | None = None,
@@ -200,6 +247,9 @@ def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
     res5 = _as_5d(residual) if residual is not None else out5  # unread without HAS_RES
     pt, ph, pw = _pads(padding, x.dim())
     cfg = config or default_config(cin, cout)
+    if cfg.tma and tma_reason(x, packed, padding, out.dtype, residual, cfg) is None:
+        _launch_tma(x5, packed, bias, residual, out5, ph, pw, cfg)
+        return out
     n, _, t_out, h_out, w_out = out5.shape
     m = n * t_out * h_out * w_out
     tiles_m = -(-m // cfg.block_m)
@@ -222,7 +272,84 @@ def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
     return out
 
 
+def _frames_desc(t5: torch.Tensor, block: list[int]):
+    """(N, C, T, H, W) dense channels-last-3d as a 4-D (N * T, H, W, C) tensor descriptor."""
+    n, c, t, h, w = t5.shape
+    return TensorDescriptor(t5, [n * t, h, w, c], [h * w * c, w * c, c, 1], block)
+
+
+def _launch_tma(x5, packed, bias, residual, out5, ph, pw, cfg: ConvConfig) -> None:
+    kt, kh, kw, cin, cout = packed.shape
+    n, _, t_out, h_out, w_out = out5.shape
+    bh, bw = cfg.block_m // cfg.tma_width, cfg.tma_width
+    x_desc = _frames_desc(x5, [1, bh, bw, cfg.block_k])
+    w_desc = TensorDescriptor(packed, [kt * kh * kw * cin, cout], [cout, 1],
+                              [cfg.block_k, cfg.block_n])
+    o_desc = _frames_desc(out5, [1, bh, bw, cfg.block_n])
+    r_desc = _frames_desc(_as_5d(residual), [1, bh, bw, cfg.block_n]) if residual is not None \
+        else o_desc
+    tiles_h, tiles_w = -(-h_out // bh), -(-w_out // bw)
+    tiles_n = -(-cout // cfg.block_n)
+    with on_device(x5.device):
+        launch(_implicit_gemm_conv_tma_kernel, (n * t_out * tiles_h * tiles_w * tiles_n,),
+            x_desc, w_desc, bias if bias is not None else packed, r_desc, o_desc,
+            t_out, x5.shape[2], tiles_h, tiles_w, cin, cout,
+            KT=kt, KH=kh, KW=kw, PAD_H=ph, PAD_W=pw, BH=bh, BW=bw,
+            BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+            HAS_BIAS=bias is not None, HAS_RES=residual is not None, DOT_FP32=interpreting(),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+
+
 if triton is not None:
+
+    @triton.jit
+    def _reduction_step(it, k_chunks, KH: tl.constexpr, KW: tl.constexpr,
+                        BLOCK_K: tl.constexpr):
+        """Reduction step ``it`` -> (tap, first channel, temporal, row and column offset)."""
+        tap = it // k_chunks
+        c0 = (it - tap * k_chunks) * BLOCK_K
+        return tap, c0, tap // (KH * KW), (tap // KW) % KH, tap % KW
+
+    @triton.jit(do_not_specialize=["T_OUT", "T_IN", "TILES_H", "TILES_W"])
+    def _implicit_gemm_conv_tma_kernel(
+        x_desc, w_desc, bias_ptr, r_desc, o_desc, T_OUT, T_IN, TILES_H, TILES_W, CIN, COUT,
+        KT: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+        PAD_H: tl.constexpr, PAD_W: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+        HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr,
+    ):
+        # Column tiles innermost: the programs sharing an input rectangle run together.
+        pid = tl.program_id(0)
+        tiles_n = tl.cdiv(COUT, BLOCK_N)
+        pid_n = pid % tiles_n
+        r = pid // tiles_n
+        w0 = (r % TILES_W) * BW
+        r = r // TILES_W
+        h0 = (r % TILES_H) * BH
+        frame = r // TILES_H  # n * T_OUT + t
+        first_in = (frame // T_OUT) * T_IN + frame % T_OUT
+        n0 = pid_n * BLOCK_N
+        k_chunks = tl.cdiv(CIN, BLOCK_K)
+        acc = tl.zeros((BH * BW, BLOCK_N), dtype=tl.float32)
+        for it in range(0, KT * KH * KW * k_chunks):
+            tap, c0, dt, dh, dw = _reduction_step(it, k_chunks, KH, KW, BLOCK_K)
+            # Out-of-image taps (negative or past the edge) and channels past CIN arrive as
+            # zeros; the weight rows they meet belong to the next tap and add nothing.
+            a = x_desc.load([first_in + dt, h0 + dh - PAD_H, w0 + dw - PAD_W, c0])
+            a = a.reshape(BH * BW, BLOCK_K)
+            b = w_desc.load([tap * CIN + c0, n0])
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        if HAS_BIAS:
+            cols = n0 + tl.arange(0, BLOCK_N)
+            acc += tl.load(bias_ptr + cols, mask=cols < COUT, other=0.0).to(tl.float32)[None, :]
+        if HAS_RES:
+            acc += r_desc.load([frame, h0, w0, n0]).reshape(BH * BW, BLOCK_N).to(tl.float32)
+        o_desc.store([frame, h0, w0, n0],
+                     acc.to(o_desc.dtype).reshape(1, BH, BW, BLOCK_N))
 
     @triton.jit(do_not_specialize=["M", "T_OUT", "H_OUT", "W_OUT", "T_IN", "H_IN", "W_IN"])
     def _implicit_gemm_conv_kernel(
@@ -272,11 +399,7 @@ if triton is not None:
         k_chunks = tl.cdiv(CIN, BLOCK_K)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for it in range(0, KT * KH * KW * k_chunks):
-            tap = it // k_chunks
-            c0 = (it - tap * k_chunks) * BLOCK_K
-            dt = tap // (KH * KW)
-            dh = (tap // KW) % KH
-            dw = tap % KW
+            tap, c0, dt, dh, dw = _reduction_step(it, k_chunks, KH, KW, BLOCK_K)
             ti = t_o + (dt - PAD_T)
             hi = h_o + (dh - PAD_H)
             wi = w_o + (dw - PAD_W)

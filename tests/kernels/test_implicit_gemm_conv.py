@@ -22,6 +22,9 @@ from fast_vae_decode.kernels.implicit_gemm_conv import (
 from support.conv_inputs import conv_tensors
 
 SMALL = ConvConfig(32, 16, 16, 4, 2)  # several row, column and reduction tiles at these sizes
+# The TMA variant: 4 x 8 pixel rectangles; edges, padding and channel tails come from the copy
+# engine's zero fill (the interpreter models it).
+SMALL_TMA = ConvConfig(32, 16, 16, 4, 2, tma=True, tma_width=8)
 
 CASES = [  # (input shape, Cout, kernel, padding)
     ((2, 20, 5, 7), 24, (3, 3), 1),  # batch 2, odd H/W, Cin and Cout not multiples of 16
@@ -63,6 +66,40 @@ def test_matches_reference(case, residual):
     assert y is not None
     assert y.is_contiguous(memory_format=_memory_format(x.dim()))
     _close(y, implicit_gemm_conv_reference(x, w, b, padding, res))
+
+
+@pytest.mark.parametrize("case", [
+    ((2, 24, 5, 7), 40, (3, 3), 1),  # Cin 24 in 16-channel blocks: the tail meets zeros
+    ((1, 16, 4, 3, 5), 16, (3, 3, 3), (0, 1, 1)),  # frames flattened into one axis
+    ((2, 16, 3, 9, 20), 24, (3, 3, 3), (0, 1, 1)),  # batch 2: the frame index crosses samples
+    ((3, 16, 5, 5), 8, (1, 1), 0),
+], ids=lambda c: f"{c[0]}->{c[1]}k{c[2]}")
+@pytest.mark.parametrize("residual", [False, True])
+def test_tma_variant(case, residual):
+    from fast_vae_decode.kernels.implicit_gemm_conv import tma_reason
+
+    shape, cout, kernel, padding = case
+    x, w, b, res = _tensors(shape, cout, kernel, padding, residual)
+    packed = pack_conv_weight(w)
+    assert tma_reason(x, packed, padding, x.dtype, res, SMALL_TMA) is None
+    y = implicit_gemm_conv(x, packed, padding, b, res, SMALL_TMA)
+    _close(y, implicit_gemm_conv_reference(x, w, b, padding, res))
+
+
+def test_tma_variant_steps_aside():
+    from fast_vae_decode.kernels.implicit_gemm_conv import tma_reason
+
+    x, w, b, _ = _tensors((2, 16, 6, 5, 4), 16, (3, 3, 3), (0, 1, 1), False)
+    packed = pack_conv_weight(w)
+    view = x[:, :, 2:]  # a frame slice of a batch of 2: samples not dense
+    assert tma_reason(view, packed, (0, 1, 1), x.dtype, None, SMALL_TMA) == \
+        "input not dense channels-last"
+    assert tma_reason(x, packed, 1, x.dtype, None, SMALL_TMA) == "time padding"
+    head = pack_conv_weight(w[:3])
+    assert "16-byte" in tma_reason(x, head, (0, 1, 1), x.dtype, None, SMALL_TMA)
+    # ... and the pointer variant computes it instead
+    y = implicit_gemm_conv(view, packed, (0, 1, 1), b, config=SMALL_TMA)
+    _close(y, implicit_gemm_conv_reference(view, w, b, (0, 1, 1)))
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if len(c[0]) == 5],

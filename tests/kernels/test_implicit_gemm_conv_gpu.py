@@ -48,6 +48,24 @@ def test_matches_reference_at_real_sizes(case):
     torch.testing.assert_close(y.float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
 
 
+@pytest.mark.parametrize("case", [c for c in CASES if c[1] % 8 == 0 and c[0][1] % 8 == 0],
+                         ids=lambda c: f"{c[0]}->{c[1]}")
+def test_tma_variant_at_real_sizes(case):
+    from fast_vae_decode.kernels.implicit_gemm_conv import ConvConfig, tma_reason
+
+    shape, cout, kernel, padding, residual = case
+    x, w, b = conv_tensors(shape, cout, kernel, device="cuda")
+    expected = implicit_gemm_conv_reference(x, w, b, padding)
+    res = torch.randn_like(expected) if residual else None
+    if residual:
+        expected = implicit_gemm_conv_reference(x, w, b, padding, res)
+    cfg = ConvConfig(128, 128, 64, 8, 3, tma=True)
+    packed = pack_conv_weight(w)
+    assert tma_reason(x, packed, padding, x.dtype, res, cfg) is None
+    y = implicit_gemm_conv(x, packed, padding, b, res, cfg)
+    torch.testing.assert_close(y.float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
+
+
 def test_input_past_int32_elements():
     # 2^31 + 2^20 elements: the last rows' pixel offsets exceed int32.
     shape = (1, 128, 4104, 4096)
