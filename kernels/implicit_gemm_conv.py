@@ -272,6 +272,10 @@ def implicit_gemm_conv(x: torch.Tensor, packed: torch.Tensor, padding=1,
     return out
 
 
+_TL_DTYPES = {} if tl is None else {
+    torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+
 def _frames_desc(t5: torch.Tensor, block: list[int]):
     """(N, C, T, H, W) dense channels-last-3d as a 4-D (N * T, H, W, C) tensor descriptor."""
     n, c, t, h, w = t5.shape
@@ -297,6 +301,7 @@ def _launch_tma(x5, packed, bias, residual, out5, ph, pw, cfg: ConvConfig) -> No
             KT=kt, KH=kh, KW=kw, PAD_H=ph, PAD_W=pw, BH=bh, BW=bw,
             BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             HAS_BIAS=bias is not None, HAS_RES=residual is not None, DOT_FP32=interpreting(),
+            OUT_DTYPE=_TL_DTYPES[out5.dtype],
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
 
@@ -318,6 +323,7 @@ if triton is not None:
         PAD_H: tl.constexpr, PAD_W: tl.constexpr, BH: tl.constexpr, BW: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
         HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr, DOT_FP32: tl.constexpr,
+        OUT_DTYPE: tl.constexpr,
     ):
         # Column tiles innermost: the programs sharing an input rectangle run together.
         pid = tl.program_id(0)
@@ -349,7 +355,7 @@ if triton is not None:
         if HAS_RES:
             acc += r_desc.load([frame, h0, w0, n0]).reshape(BH * BW, BLOCK_N).to(tl.float32)
         o_desc.store([frame, h0, w0, n0],
-                     acc.to(o_desc.dtype).reshape(1, BH, BW, BLOCK_N))
+                     acc.to(OUT_DTYPE).reshape(1, BH, BW, BLOCK_N))
 
     @triton.jit(do_not_specialize=["M", "T_OUT", "H_OUT", "W_OUT", "T_IN", "H_IN", "W_IN"])
     def _implicit_gemm_conv_kernel(
