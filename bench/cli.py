@@ -104,6 +104,7 @@ def _default_dtype(device: torch.device) -> torch.dtype:
 
 def build_parser() -> argparse.ArgumentParser:
     from .cases import CASES, DEFAULT_CASES, TINY_CASES
+    from .convs import CONV_CASES
     from .demo import DEFAULT_OUT
     from .models import ARCHS
 
@@ -203,6 +204,25 @@ def build_parser() -> argparse.ArgumentParser:
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
     bench.set_defaults(parser=bench, run=_bench)
+    convs = sub.add_parser(
+        "convs", help="per-conv benchmark: each decoder conv shape, cuDNN vs implicit_gemm_conv",
+        description="Collects every distinct convolution of the cases' decoders (forward hooks "
+                    "on the meta device), as the fused path runs them, and times each on "
+                    "cuDNN (channels-last bf16) and on the pack's implicit_gemm_conv (CUDA "
+                    "only; --shapes-only lists them anywhere).")
+    convs.add_argument("--cases", default=",".join(CONV_CASES),
+                       help="comma-separated bench cases (default: %(default)s)")
+    convs.add_argument("--shapes-only", action="store_true",
+                       help="list the shapes and their calls per decode; time nothing")
+    convs.add_argument("--repeats", type=_count(1), default=5, help="timed calls per path")
+    convs.add_argument("--sweep", type=_count(0), default=16, metavar="N",
+                       help="also try the other tilings on the N heaviest shapes and the heads "
+                            "(default %(default)s; 0: default tiling only, heads apart)")
+    convs.add_argument("--kinds", default=None,
+                       help="time only these kinds, comma-separated (e.g. head,conv_in)")
+    convs.add_argument("--json", dest="json_path", default=None, help="write results here")
+    convs.set_defaults(parser=convs, run=_convs)
+
     report = sub.add_parser(
         "report", help="Markdown report + PNG plots from a bench JSON (needs matplotlib)",
         description="Writes OUT/README.md (environment, command, every row) and plots: time "
@@ -212,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--crops-npz", default=None, metavar="PATH", help="bench --crops-npz")
     report.add_argument("--crops", dest="crops_dir", default=None, metavar="DIR",
                         help="bench --crops folder (when there is no .npz)")
+    report.add_argument("--convs-json", default=None, metavar="PATH",
+                        help="a 'convs --json' file: its tables join the report")
     report.add_argument("--out", default=None,
                         help="folder for README.md + PNGs (default: a new folder beside the "
                              f"JSON, <json stem>{REPORT_SUFFIX}/, e.g. bench.json -> "
@@ -232,13 +254,40 @@ def _report(args) -> int:
     except (ValueError, TypeError, KeyError) as exc:  # not JSON, another schema, odd rows
         raise UsageError(f"--json {args.json_path}: expected a 'bench --json' result file "
                          f"({type(exc).__name__}: {exc})".splitlines()[0]) from None
+    convs_json = getattr(args, "convs_json", None)
+    _existing(convs_json, "--convs-json", "the JSON file that 'convs --json' wrote")
     out = args.out if args.out is not None else default_report_dir(args.json_path)
     try:
         readme = write_report(args.json_path, str(out), crops_npz=args.crops_npz,
-                              crops_dir=args.crops_dir)
+                              crops_dir=args.crops_dir, convs_json=convs_json)
     except RuntimeError as exc:  # matplotlib missing
         raise UsageError(str(exc)) from None
     print(f"wrote {readme}")
+    return 0
+
+
+def _convs(args) -> int:
+    from . import convs
+    from .cases import select_cases
+
+    try:
+        cases = select_cases(args.cases)
+    except ValueError as exc:
+        raise UsageError(f"--cases: {exc}") from None
+    _writable_place(args.json_path, "--json")
+    if not args.shapes_only and not torch.cuda.is_available():
+        raise UsageError("timing the convs needs a CUDA GPU; --shapes-only lists them here")
+    shapes = convs.distinct_shapes(convs.collect_conv_shapes(cases))
+    if args.shapes_only:
+        results = [convs.ConvResult(shape, calls) for shape, calls in shapes]
+    else:
+        _fresh_triton_cache()
+        kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+        results = convs.time_convs(shapes, repeats=args.repeats, sweep=args.sweep, kinds=kinds,
+                                   log=lambda line: print(line, flush=True))
+    print(convs.convs_markdown(results), flush=True)
+    if args.json_path:
+        convs.write_json(args.json_path, results, convs.environment())
     return 0
 
 

@@ -54,10 +54,27 @@ ENV_KEYS = (("gpu", "GPU"), ("device", "device"), ("torch", "torch"), ("triton",
             ("host_malloc", "host allocator"))
 
 
+def convs_section(env: dict, results) -> list[str]:
+    """The per-conv benchmark's tables (``bench.convs``) as a report section."""
+    from .convs import convs_markdown
+
+    where = ", ".join(f"{k} `{env[k]}`" for k in ("gpu", "torch", "triton", "cudnn") if env.get(k))
+    return ["## Per-conv benchmark", "",
+            "Every distinct convolution of the decoders, as the fused path runs it (folded "
+            "upsampling, cached frames in front of causal convs, narrow 3x3x3 convs as three "
+            "2-D taps): cuDNN channels-last bf16 without bias (the pack adds it in the next "
+            "fused pass) against the pack's Triton convs with their bias (`implicit_gemm_conv`; "
+            "`narrow_conv` where few outputs share the taps), the fastest variant tried named "
+            "in the last column. "
+            "Median of the timed calls (CUDA events)" + (f"; {where}." if where else "."), "",
+            convs_markdown(results), ""]
+
+
 def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
-                    crop_figures: dict[str, tuple[str, str]]) -> str:
+                    crop_figures: dict[str, tuple[str, str]],
+                    convs: tuple[dict, list] | None = None) -> str:
     """The README text. ``plots``: "time"/"psnr" -> file name; ``crop_figures``: row label ->
-    (file name, caption)."""
+    (file name, caption); ``convs``: a per-conv benchmark's (env, results)."""
     out = ["# Fast VAE Decode benchmark", "",
            "Stock (ComfyUI's `VAEDecode`, or the diffusers decode without ComfyUI) against this "
            "pack's `lossless` and `high` qualities, in one process, on seeded random-weight VAEs "
@@ -90,6 +107,8 @@ def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
     if "psnr" in plots:
         out += ["## Quality of high", "",
                 f"![PSNR of high against lossless per row]({plots['psnr']})", ""]
+    if convs is not None:
+        out += convs_section(*convs)
     if crop_figures:
         out += ["## Crops", ""]
         for label, (name, caption) in crop_figures.items():
@@ -189,7 +208,7 @@ def plot_crops(plt, r: CaseResult, crops: dict, path: pathlib.Path) -> int | Non
 
 
 def write_report(json_path: str, out_dir: str, crops_npz: str | None = None,
-                 crops_dir: str | None = None) -> pathlib.Path:
+                 crops_dir: str | None = None, convs_json: str | None = None) -> pathlib.Path:
     """Write ``out_dir``/README.md and its PNG plots; returns the README's path."""
     plt = require_matplotlib()
     from .crops import load_crops
@@ -212,5 +231,10 @@ def write_report(json_path: str, out_dir: str, crops_npz: str | None = None,
         if max_diff is not None:
             figures[r.label] = (name, crop_caption(r, max_diff))
     readme = out / "README.md"
-    readme.write_text(report_markdown(env, results, plots, figures), encoding="utf-8")
+    convs = None
+    if convs_json:
+        from .convs import read_json as read_convs
+
+        convs = read_convs(convs_json)
+    readme.write_text(report_markdown(env, results, plots, figures, convs), encoding="utf-8")
     return readme

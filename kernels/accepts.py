@@ -63,6 +63,12 @@ def channels_inner_dense(x: torch.Tensor) -> bool:
     return x.dim() >= 2 and x.movedim(1, -1).is_contiguous()
 
 
+def channel_stride_one(x: torch.Tensor) -> bool:
+    """Each pixel's channels are contiguous (stride 1); the other strides may be anything
+    (kernels that take it compute every pixel's offset from the strides)."""
+    return x.dim() >= 2 and (x.shape[1] == 1 or x.stride(1) == 1)
+
+
 def pixels_dense(x: torch.Tensor) -> bool:
     """Within each sample, pixels are rows of C contiguous channels.
 

@@ -25,6 +25,7 @@ from .ops import (
     add_bias_residual_,
     channels_last_decode,
     conv2d,
+    routed_conv2d,
     to_channels_last,
     weights_reason,
 )
@@ -79,15 +80,15 @@ class _FusedDecoder(FusedModule):
         return type(self)
 
     def prewarm(self, device, dtype):
-        """The decoder's own kernels (the blocks warm up their own): two bias adds, norm_out."""
+        """The decoder's own kernels (the blocks warm up their own): conv_in's bias add,
+        norm_out, the head conv (its routed op, or the bias add after cuDNN)."""
         conv_in, norm_out, conv_out = self._ends()
         with weights_for_call():
             if self.fast_unsupported(tiny_input(conv_in.in_channels, 4, device, dtype)) is not None:
                 return
             add_bias_residual_(tiny_input(conv_in.out_channels, 4, device, dtype), bias_of(conv_in))
             norm_out.norm_silu(tiny_input(norm_out.num_channels, 4, device, dtype))
-            add_bias_residual_(tiny_input(conv_out.out_channels, 4, device, dtype),
-                               bias_of(conv_out))
+            routed_conv2d(conv_out, tiny_input(conv_out.in_channels, 4, device, dtype))
 
     def fast_forward(self, z, *args, **kwargs):
         conv_in, norm_out, conv_out = self._ends()
@@ -95,8 +96,7 @@ class _FusedDecoder(FusedModule):
             h = to_channels_last(conv2d(conv_in, _conv_in_layout(z), use_bias=False))
             h = add_bias_residual_(h, bias_of(conv_in))
             h = self._blocks(h)
-            h = add_bias_residual_(conv2d(conv_out, norm_out.norm_silu(h), use_bias=False),
-                                   bias_of(conv_out))
+            h = routed_conv2d(conv_out, norm_out.norm_silu(h))
             h = self._finish(h)
         return self._output(h)
 

@@ -21,7 +21,11 @@ from ....kernels.group_norm_silu import (
     group_norm_silu,
     group_norm_silu_unsupported,
 )
-from ...comfyui.weights import bias_of, fetch_reason, weight_of
+from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
+from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
+from ...cache import cached
+from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
+from ...conv_routes import NARROW_CONV, conv_route
 from ...fused import FusedModule
 from ...reasons import AUTOGRAD as _AUTOGRAD
 
@@ -102,6 +106,27 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
     """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
     b = bias if bias is not None else (bias_of(conv) if use_bias else None)
     return F.conv2d(x, weight_of(conv), b, conv.stride, conv.padding, conv.dilation, conv.groups)
+
+
+def _plain_conv(conv: torch.nn.Module) -> bool:
+    """Stride 1, no dilation, no groups, zero padding: what the pack's own convs compute."""
+    return (all(s == 1 for s in conv.stride) and all(d == 1 for d in conv.dilation)
+            and conv.groups == 1 and conv.padding_mode == "zeros"
+            and not isinstance(conv.padding, str))
+
+
+def routed_conv2d(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv`` with its bias on channels-last ``x``, on the op ``conv_routes`` picks for its
+    shape; cuDNN (bias added in one channels-last pass) otherwise, or where that op declines."""
+    if (_plain_conv(conv) and conv_route(conv.out_channels, tuple(conv.kernel_size)) == NARROW_CONV
+            and _NARROW_CONV_INPUT.tensor_reason(x) is None):
+        weight = weight_of(conv)
+        packed = cached(conv, "narrow_conv", (weight,),
+                        lambda: pack_narrow_conv_weight(weight.detach()), keep=is_stable(conv))
+        y = narrow_conv(x, packed, tuple(conv.padding), bias_of(conv))
+        if y is not None:
+            return y
+    return add_bias_residual_(conv2d(conv, x, use_bias=False), bias_of(conv))
 
 
 _DECODE = threading.local()

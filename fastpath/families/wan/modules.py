@@ -27,7 +27,8 @@ from ....kernels.rms_norm_silu import RMS_NORM_SILU
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN
-from ...comfyui.weights import bias_of, is_stable, weight_of
+from ...comfyui.weights import bias_of, is_stable, weight_of, weights_for_call
+from ...conv_routes import CUDNN, conv_route
 from ...fused import FusedModule
 from ...reasons import first_reason, input_reason
 from .exact import ExactCausalConv3d, ExactRMSNorm
@@ -164,6 +165,24 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
         if cache_x is not None and cache_x.shape[2] > pads(self)[0] > 0:
             return "more cached frames than the time padding"
         return conv_weights_reason(self, x)
+
+    _fvd_prewarm_rank = 5
+
+    def prewarm_channels(self):
+        # Only a conv routed off cuDNN (``conv_routes``: the head) has Triton kernels to compile.
+        if conv_route(self.out_channels, tuple(self.kernel_size)) == CUDNN:
+            return None
+        return self.in_channels
+
+    def prewarm(self, device, dtype):
+        """A chunk of several frames (every temporal tap, the routed kernel) and the first
+        chunk's single frame (its last tap only: cuDNN's taps, whose bias add it warms)."""
+        with weights_for_call():
+            for frames in (3, 1):
+                x = torch.randn(1, self.in_channels, frames, 8, 8, device=device, dtype=dtype)
+                x = to_cl3d(x)
+                if self.fast_unsupported(x) is None:
+                    self.fast_forward(x)
 
     def fast_forward(self, x, cache_x=None, cache_list=None, cache_idx=None):
         if cache_list is not None:

@@ -17,10 +17,13 @@ import torch
 import torch.nn.functional as F
 
 from ....kernels.bias_residual_add import bias_residual_add_
+from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
+from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, method_code, stock_class
 from ...comfyui.weights import bias_of, comfy_cast_reason, fetch_reason, is_stable, weight_of
+from ...conv_routes import NARROW_CONV, conv_route
 from ...reasons import AUTOGRAD
 
 CL3D = torch.channels_last_3d
@@ -228,6 +231,9 @@ def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
     """
     _, pad_h, pad_w = pads(conv)
     short = conv.kernel_size[0] - inp.shape[2]  # > 0: the missing front frames are zeros
+    narrow = narrow_parts(conv, inp, max(0, short), pad_h, pad_w)
+    if narrow is not None:
+        return narrow
     if _as_2d_taps(conv, inp):
         return tap_parts(conv, inp, pad_h, pad_w)
     weight = conv_weight(conv, CL3D)
@@ -237,6 +243,23 @@ def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
                         .detach().contiguous(memory_format=CL3D), keep=is_stable(conv))
     out = F.conv3d(inp, weight, None, conv.stride, (0, pad_h, pad_w), conv.dilation, conv.groups)
     return [to_cl3d(out)]  # cuDNN keeps channels-last-3d; some CPU conv paths do not
+
+
+def narrow_parts(conv, inp: torch.Tensor, first_tap: int, pad_h: int,
+                 pad_w: int) -> list[torch.Tensor] | None:
+    """The conv as one ``narrow_conv`` output (temporal taps from ``first_tap``), where
+    ``conv_routes`` sends its shape there and the kernel takes ``inp``; else None (cuDNN)."""
+    kernel = (conv.kernel_size[0] - first_tap, *conv.kernel_size[1:])
+    if (conv_route(conv.out_channels, kernel) != NARROW_CONV
+            or tuple(conv.stride) != (1, 1, 1) or tuple(conv.dilation) != (1, 1, 1)
+            or conv.groups != 1 or _NARROW_CONV_INPUT.tensor_reason(inp) is not None):
+        return None
+    full = weight_of(conv)
+    packed = cached(conv, f"narrow_conv:{first_tap}", (full,),
+                    lambda: pack_narrow_conv_weight(full.detach()[:, :, first_tap:]),
+                    keep=is_stable(conv))
+    y = narrow_conv(inp, packed, (0, pad_h, pad_w))
+    return None if y is None else [y]
 
 
 def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Tensor]:

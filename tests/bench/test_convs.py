@@ -1,0 +1,114 @@
+"""The per-conv benchmark's shape collection, table and JSON (tier 1: meta device, no timing)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fast_vae_decode.bench import convs
+from fast_vae_decode.bench.cases import CASES
+from fast_vae_decode.bench.cli import main
+
+pytest.importorskip("diffusers")
+
+
+@pytest.fixture(scope="module")
+def collected():
+    return convs.collect_conv_shapes([CASES["sdxl-1024"], CASES["wan21-480p-33"]])
+
+
+def _find(counts, **fields):
+    return {s: n for s, n in counts.items()
+            if all(getattr(s, k) == v for k, v in fields.items())}
+
+
+def test_kl_shapes_as_the_fused_path_runs_them(collected):
+    sdxl = collected["sdxl-1024"]
+    # conv_in from the 4-channel latent, in the stock layout (cuDNN wants channels % 8)
+    assert _find(sdxl, kind="conv_in") == {
+        convs.ConvShape("conv_in", "conv2d-nchw", (1, 4, 128, 128), 512, (3, 3), (1, 1)): 1}
+    # the head to 3 channels at full resolution
+    assert _find(sdxl, kind="head") == {
+        convs.ConvShape("head", "conv2d", (1, 128, 1024, 1024), 3, (3, 3), (1, 1)): 1}
+    # three upsamples, each one folded 4x4 stride-2 transposed conv on the low-res input
+    ups = _find(sdxl, kind="upsample")
+    assert sorted(s.input for s in ups) == [(1, 256, 512, 512), (1, 512, 128, 128),
+                                           (1, 512, 256, 256)]
+    assert all(s.route == "transposed" and s.output[2] == 2 * s.input[2] for s in ups)
+    # 2 + 3 * 4 resnet blocks of two 3x3 convs (plus conv_in, head, upsamples, shortcuts)
+    assert sum(_find(sdxl, kind="3x3").values()) == 28
+    assert sum(sdxl.values()) == 28 + 1 + 1 + 3 + 2
+
+
+def test_wan_shapes_carry_the_cached_frames(collected):
+    wan = collected["wan21-480p-33"]
+    heads = _find(wan, kind="head")
+    # 8 chunks of 4 new frames read 2 cached ones; the first chunk's single frame meets only
+    # the last temporal tap. Narrow batch-1 convs run as 2-D taps.
+    assert heads == {
+        convs.ConvShape("head", "taps", (1, 96, 6, 480, 832), 3, (3, 3, 3), (0, 1, 1)): 8,
+        convs.ConvShape("head", "taps", (1, 96, 1, 480, 832), 3, (1, 3, 3), (0, 1, 1)): 1}
+    wide = _find(wan, kind="causal 3x3x3", input=(1, 384, 3, 60, 104))
+    assert list(wide.values()) == [80] and next(iter(wide)).route == "conv3d"
+    time_convs = _find(wan, kind="time 3x1x1")
+    assert all(s.kernel in ((3, 1, 1), (1, 1, 1)) for s in time_convs)
+    # Chunk 1 skips both time convs; at the deepest level chunk 2 convolves its one frame
+    # uncached (the last tap only), chunks 3-9 with a cache; one level up all 8 see 3 taps.
+    assert sum(n for s, n in time_convs.items() if s.kernel == (3, 1, 1)) == 15
+    assert sum(n for s, n in time_convs.items() if s.kernel == (1, 1, 1)) == 1
+
+
+def test_flops_and_output():
+    s = convs.ConvShape("3x3", "conv2d", (2, 8, 5, 7), 16, (3, 3), (1, 1))
+    assert s.output == (2, 16, 5, 7) and s.flops == 2 * 8 * 16 * 9 * 35 * 2
+    t = convs.ConvShape("upsample", "transposed", (1, 8, 5, 7), 4, (3, 3), (1, 1))
+    assert t.output == (1, 4, 10, 14) and t.flops == 2 * 8 * 4 * 4 * 140
+    c = convs.ConvShape("causal 3x3x3", "taps", (1, 8, 6, 5, 7), 8, (3, 3, 3), (0, 1, 1))
+    assert c.output == (1, 8, 4, 5, 7)
+
+
+def _results():
+    a = convs.ConvShape("3x3", "conv2d", (1, 512, 128, 128), 512, (3, 3), (1, 1))
+    b = convs.ConvShape("upsample", "transposed", (1, 512, 128, 128), 512, (3, 3), (1, 1))
+    return [convs.ConvResult(a, {"x": 10, "y": 2}, cudnn_ms=0.2, triton_ms=0.25,
+                             triton_config="128x128x64/w8/s3"),
+            convs.ConvResult(b, {"x": 1}, cudnn_ms=0.3, note="no Triton route yet")]
+
+
+def test_table_rows_and_totals():
+    text = convs.convs_markdown(_results())
+    lines = text.splitlines()
+    assert "calls (x, y)" in lines[0]
+    row = next(line for line in lines if line.startswith("| 3x3 "))
+    assert "| 10, 2 |" in row and "| 0.200 |" in row and "0.80x" in row
+    assert "no Triton route yet" in text
+    # case x: 10 * 0.2 + 1 * 0.3 on cuDNN; best of both takes cuDNN's faster 3x3
+    x = next(line for line in lines if line.startswith("| x |"))
+    assert "| 2.30 |" in x and x.count("2.30") == 2
+
+
+def test_json_round_trip(tmp_path):
+    path = tmp_path / "convs.json"
+    convs.write_json(str(path), _results(), {"gpu": "test"})
+    env, back = convs.read_json(str(path))
+    assert env == {"gpu": "test"}
+    assert [r.shape for r in back] == [r.shape for r in _results()]
+    assert back[0].triton_ms == 0.25 and back[0].calls == {"x": 10, "y": 2}
+    assert json.loads(path.read_text())["convs"][0]["speedup"] == pytest.approx(0.8)
+
+
+def test_cli_lists_shapes_without_a_gpu(tmp_path, capsys):
+    path = tmp_path / "shapes.json"
+    assert main(["convs", "--cases", "tiny-sdxl,tiny-wan21", "--shapes-only",
+                 "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| head |" in out and "tiny-sdxl, tiny-wan21" in out
+    _, results = convs.read_json(str(path))
+    assert {r.shape.kind for r in results} >= {"conv_in", "head", "upsample", "3x3"}
+
+
+def test_report_includes_the_conv_tables():
+    from fast_vae_decode.bench.report import report_markdown
+
+    text = report_markdown({}, [], {}, {}, ({"gpu": "H"}, _results()))
+    assert "## Per-conv benchmark" in text and "| 3x3 | 1x512x128x128 |" in text

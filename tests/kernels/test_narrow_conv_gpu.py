@@ -1,0 +1,36 @@
+"""narrow_conv (tap products + tap sum, Triton) at the decoder heads' real sizes on a GPU
+(tier 3, ``cuda``), against its plain-torch twin (true fp32 convolution + bias, one rounding).
+Small edge shapes under the interpreter are tier 1, in test_narrow_conv.py.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fast_vae_decode.kernels.narrow_conv import (
+    narrow_conv,
+    narrow_conv_reference,
+    pack_narrow_conv_weight,
+)
+from support.conv_inputs import conv_tensors, true_fp32_oracle  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.cuda
+
+CASES = [  # (input shape, Cout, kernel, padding)
+    ((1, 128, 1024, 1024), 3, (3, 3), 1),  # SDXL / Flux head at 1024²
+    ((4, 128, 384, 256), 3, (3, 3), 1),  # SD1.5 768x512 batch 4
+    ((1, 96, 6, 480, 832), 3, (3, 3, 3), (0, 1, 1)),  # Wan 2.1 head, 4 frames after 2 cached
+    ((1, 96, 1, 480, 832), 3, (1, 3, 3), (0, 1, 1)),  # its first chunk: one frame, last tap
+    ((1, 256, 6, 352, 640), 12, (3, 3, 3), (0, 1, 1)),  # Wan 2.2 head (12 = 3 x 2x2 patches)
+]
+
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}->{c[1]}")
+def test_matches_reference_at_real_sizes(case):
+    shape, cout, kernel, padding = case
+    x, w, b = conv_tensors(shape, cout, kernel, device="cuda")
+    y = narrow_conv(x, pack_narrow_conv_weight(w), padding, b)
+    expected = narrow_conv_reference(x, w, b, padding)
+    assert y is not None and y.shape == expected.shape
+    torch.testing.assert_close(y.float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
