@@ -125,7 +125,7 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
             try:
                 with frames_to(stream.frames_ready), nested(start // per_pass, SLICE_UNITS,
                                                             passes):
-                    out = vae.first_stage_model.decode(z)
+                    out = vae.first_stage_model.decode(z, **_device_output(vae, z))
                 streamed = stream.complete(out)
             finally:
                 stream.close()
@@ -136,3 +136,18 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
     except mm.OOM_EXCEPTION:
         return None
     return pixels
+
+
+def _device_output(vae, z: torch.Tensor) -> dict:
+    """The decode's own output buffer, on the VAE's device, for a model that writes its frames
+    into one (``comfy_has_chunked_io``: ComfyUI's LTX ``VideoVAE``); without it such a model
+    copies every chunk to ComfyUI's intermediate device (the CPU) itself. In the decoder's dtype,
+    which the pixel finish turns to fp32 exactly as ComfyUI's own fp32 buffer would hold it;
+    under another output dtype (fp16 intermediates, which rounds) the model keeps its own."""
+    model = vae.first_stage_model
+    output_dtype = getattr(vae, "vae_output_dtype", None)
+    if (not getattr(model, "comfy_has_chunked_io", False) or not callable(output_dtype)
+            or output_dtype() != torch.float32 or not hasattr(model, "decode_output_shape")):
+        return {}
+    shape = model.decode_output_shape(z.shape)
+    return {"output_buffer": torch.empty(shape, dtype=z.dtype, device=z.device)}
