@@ -16,6 +16,7 @@ CPU tests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Iterator
 
@@ -206,6 +207,19 @@ def _ltx_constants_(model: torch.nn.Module) -> None:
         multiplier.fill_(1000.0)
 
 
+@functools.lru_cache(maxsize=1)
+def _ltx_state_dict(seed: int, tiny: bool) -> dict[str, torch.Tensor]:
+    """Seeded decoder weights; the encoder (694M parameters at full size, never used by a
+    decode) is zeros, which keeps building it cheap. Kept for the next case of the same VAE."""
+    model = _ltx_model(tiny)
+    with torch.no_grad():
+        for p in model.encoder.parameters():
+            p.zero_()
+    init_weights_(model.decoder, seed)
+    _ltx_constants_(model)
+    return dict(model.state_dict())
+
+
 def comfy_metadata(arch: str, tiny: bool = False) -> dict | None:
     """The checkpoint metadata ``comfy.sd.VAE`` gets for ``arch`` (an LTX config, tiny only)."""
     import json
@@ -220,9 +234,8 @@ def comfy_state_dict(arch: str, seed: int = 0, tiny: bool = False) -> dict[str, 
     """A seeded state dict for ``arch`` made by ComfyUI's own classes (fp32, CPU)."""
     arch, tiny = split_arch(arch, tiny)
     if arch == "ltx2":
-        model = init_weights_(_ltx_model(tiny), seed)
-        _ltx_constants_(model)
-        return dict(model.state_dict())
+        # Copies: under dynamic VRAM ComfyUI loads a state dict by assignment, adopting the tensors.
+        return {k: v.clone() for k, v in _ltx_state_dict(seed, tiny).items()}
     if arch in ("sdxl", "sd15"):
         from comfy.ldm.models.autoencoder import AutoencoderKL
 
