@@ -192,7 +192,25 @@ TINY_LTX_CONFIG = {
 def _ltx_model(tiny: bool) -> torch.nn.Module:
     from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
 
-    return VideoVAE(config=dict(TINY_LTX_CONFIG)) if tiny else VideoVAE(version=LTX_VERSION)
+    with _eager_comfy_ops():
+        return VideoVAE(config=dict(TINY_LTX_CONFIG)) if tiny else VideoVAE(version=LTX_VERSION)
+
+
+@contextlib.contextmanager
+def _eager_comfy_ops() -> Iterator[None]:
+    """ComfyUI's ops create a ``Linear``'s weights only when a state dict is loaded while its
+    dynamic VRAM (comfy-aimdo) is on; a model made to produce a state dict needs them created."""
+    import sys
+
+    memory = sys.modules.get("comfy.memory_management")
+    if not getattr(memory, "aimdo_enabled", False):
+        yield
+        return
+    memory.aimdo_enabled = False
+    try:
+        yield
+    finally:
+        memory.aimdo_enabled = True
 
 
 @torch.no_grad()
