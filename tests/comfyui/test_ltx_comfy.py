@@ -182,3 +182,35 @@ def test_diffusion_decoder_fails_closed():
     assert report.family == "ltx" and report.fused == 0
     assert "CausalDiffusionVAE" in report.reason and "not supported" in report.reason
     assert not any(is_swapped(m) for m in model.modules())
+
+
+def test_a_block_failing_halfway_leaves_the_frame_state_alone(vaes, monkeypatch):
+    """The stock retry after an exception must find the chunk state the stock path left: the
+    fast path writes ``temporal_cache_state`` only once it cannot fail any more."""
+    if not _chunked_tree():
+        pytest.skip("this tree's LTX modules keep no frame state")
+    from fast_vae_decode.fastpath.families.ltx import modules
+    from fast_vae_decode.fastpath.families.ltx.ops import thread_key
+
+    _, vae, _ = vaes
+    block = vae.first_stage_model.decoder.up_blocks[0].res_blocks[0]
+    x = torch.randn(1, block.in_channels, 3, 2, 3).contiguous(memory_format=torch.channels_last_3d)
+    timestep = torch.zeros(1, 4 * block.in_channels, 1, 1, 1)
+    key = thread_key()
+    owners = [block, block.conv1, block.conv2]
+    for m in owners:
+        m.temporal_cache_state.pop(key, None)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure after both convs")
+
+    monkeypatch.setattr(modules, "exchange_add", broken)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="simulated"):
+        block.fast_forward(x, causal=False, timestep=timestep)
+    assert all(key not in m.temporal_cache_state for m in owners)
+    monkeypatch.undo()
+    with torch.inference_mode():
+        block.fast_forward(x, causal=False, timestep=timestep)
+    assert all(key in m.temporal_cache_state for m in owners)  # a finished call does keep state
+    for m in owners:
+        m.temporal_cache_state.pop(key, None)
