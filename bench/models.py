@@ -189,11 +189,11 @@ TINY_LTX_CONFIG = {
 }
 
 
-def _ltx_model(tiny: bool) -> torch.nn.Module:
+def _ltx_model(config: dict | None) -> torch.nn.Module:
     from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
 
     with _eager_comfy_ops():
-        return VideoVAE(config=dict(TINY_LTX_CONFIG)) if tiny else VideoVAE(version=LTX_VERSION)
+        return VideoVAE(version=LTX_VERSION) if config is None else VideoVAE(config=dict(config))
 
 
 @contextlib.contextmanager
@@ -225,11 +225,24 @@ def _ltx_constants_(model: torch.nn.Module) -> None:
         multiplier.fill_(1000.0)
 
 
+def ltx_state_dict(config: dict | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A seeded state dict of ComfyUI's ``VideoVAE`` built from ``config`` (None: its default
+    for ``LTX_VERSION``, what a checkpoint without metadata gets), fresh tensors each call."""
+    if config is None or config is TINY_LTX_CONFIG:
+        return {k: v.clone() for k, v in _ltx_state_dict(seed, config is not None).items()}
+    return _seeded_ltx(config, seed)
+
+
 @functools.lru_cache(maxsize=1)
 def _ltx_state_dict(seed: int, tiny: bool) -> dict[str, torch.Tensor]:
+    """The bench's LTX VAEs, kept for the next case of the same VAE."""
+    return _seeded_ltx(TINY_LTX_CONFIG if tiny else None, seed)
+
+
+def _seeded_ltx(config: dict | None, seed: int) -> dict[str, torch.Tensor]:
     """Seeded decoder weights; the encoder (694M parameters at full size, never used by a
-    decode) is zeros, which keeps building it cheap. Kept for the next case of the same VAE."""
-    model = _ltx_model(tiny)
+    decode) is zeros, which keeps building it cheap."""
+    model = _ltx_model(config)
     with torch.no_grad():
         for p in model.encoder.parameters():
             p.zero_()
@@ -240,20 +253,24 @@ def _ltx_state_dict(seed: int, tiny: bool) -> dict[str, torch.Tensor]:
 
 def comfy_metadata(arch: str, tiny: bool = False) -> dict | None:
     """The checkpoint metadata ``comfy.sd.VAE`` gets for ``arch`` (an LTX config, tiny only)."""
+    arch, tiny = split_arch(arch, tiny)
+    return ltx_metadata(TINY_LTX_CONFIG) if arch == "ltx2" and tiny else None
+
+
+def ltx_metadata(config: dict) -> dict:
+    """Checkpoint metadata carrying an LTX VAE config, as LTX-2 checkpoints do."""
     import json
 
-    arch, tiny = split_arch(arch, tiny)
-    if arch == "ltx2" and tiny:
-        return {"config": json.dumps({"vae": TINY_LTX_CONFIG})}
-    return None
+    return {"config": json.dumps({"vae": config})}
 
 
 def comfy_state_dict(arch: str, seed: int = 0, tiny: bool = False) -> dict[str, torch.Tensor]:
     """A seeded state dict for ``arch`` made by ComfyUI's own classes (fp32, CPU)."""
     arch, tiny = split_arch(arch, tiny)
     if arch == "ltx2":
-        # Copies: under dynamic VRAM ComfyUI loads a state dict by assignment, adopting the tensors.
-        return {k: v.clone() for k, v in _ltx_state_dict(seed, tiny).items()}
+        # Copies (ltx_state_dict): under dynamic VRAM ComfyUI loads a state dict by assignment,
+        # adopting the tensors.
+        return ltx_state_dict(TINY_LTX_CONFIG if tiny else None, seed)
     if arch in ("sdxl", "sd15"):
         from comfy.ldm.models.autoencoder import AutoencoderKL
 

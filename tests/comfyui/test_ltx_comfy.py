@@ -214,3 +214,36 @@ def test_a_block_failing_halfway_leaves_the_frame_state_alone(vaes, monkeypatch)
     assert all(key in m.temporal_cache_state for m in owners)  # a finished call does keep state
     for m in owners:
         m.temporal_cache_state.pop(key, None)
+
+
+@pytest.fixture(scope="module")
+def noisy_vaes():
+    """LTX-Video 0.9.x pieces: noise-injecting blocks and a channel-changing block."""
+    from support.ltx_models import NOISE_AND_SHORTCUT, ltx_vae
+
+    comfy_nodes()
+    fast = ltx_vae(NOISE_AND_SHORTCUT)
+    return ltx_vae(NOISE_AND_SHORTCUT), fast, install_fast_path(fast.first_stage_model)
+
+
+def test_noise_injecting_and_channel_changing_blocks(noisy_vaes):
+    stock, vae, report = noisy_vaes
+    assert report.family == "ltx" and report.skipped == {} and report.reason is None
+    blocks = [m for m in vae.first_stage_model.decoder.modules() if type(m).__name__.endswith("ResnetBlock3D]")]
+    assert any(b.inject_noise for b in blocks) and any(b.in_channels != b.out_channels for b in blocks)
+    z = _latent((1, 128, 2, 2, 3), seed=4)
+    after = []
+    with torch.inference_mode():
+        expected = _decode(stock, z)
+        after.append(torch.randn(8))
+        with gates_opened(vae, False):
+            lossless = _decode(vae, z)
+        after.append(torch.randn(8))
+        with gates_opened(vae, True) as stats:
+            high = _decode(vae, z)
+        after.append(torch.randn(8))
+    assert torch.equal(lossless, expected)
+    assert stats[0].fallbacks == {} and stats[0].fused_calls > 0
+    # the same noise, drawn in the same order: high differs from stock by roundings only
+    torch.testing.assert_close(high, expected, rtol=1e-4, atol=1e-4)
+    assert torch.equal(after[0], after[1]) and torch.equal(after[0], after[2])

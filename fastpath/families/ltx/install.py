@@ -10,8 +10,8 @@ Fail closed twice over, as the Wan family does:
   (the stock code between fused modules gets channels-last-3d tensors, known to work only for
   the classes listed here);
 - each module is checked against what its fused class computes; one that differs (group or
-  layer norms, noise injection, a channel-changing block, unknown code) is left stock with the
-  reason in the report.
+  layer norms in place of pixel norms, unknown code) is left stock with the reason in the
+  report.
 
 ``CausalDiffusionVAE`` (LTX 2.4/2.5's diffusion decoder) is matched only to say it is not
 supported, so the node names it instead of "unsupported VAE".
@@ -83,24 +83,41 @@ def pixel_norm_reason(norm) -> str | None:
     return forward_reason(norm)
 
 
+def shortcut_reason(m) -> str | None:
+    """An identity, or (``res_x_y``) the LTX layer norm over the input's channels then a plain
+    1x1x1 conv to the output's."""
+    if isinstance(m.conv_shortcut, torch.nn.Identity) and isinstance(m.norm3, torch.nn.Identity):
+        return None if m.in_channels == m.out_channels else "block widths"
+    conv, norm = m.conv_shortcut, getattr(m.norm3, "norm", None)
+    if not (is_a(m.norm3, f"{VAE_MODULE}.LayerNorm") and isinstance(norm, torch.nn.LayerNorm)
+            and tuple(norm.normalized_shape) == (m.in_channels,) and norm.elementwise_affine):
+        return "shortcut norm is not a layer norm over the input channels"
+    if not (isinstance(conv, torch.nn.Conv3d) and tuple(conv.kernel_size) == (1, 1, 1)
+            and tuple(conv.stride) == (1, 1, 1) and tuple(conv.padding) == (0, 0, 0)
+            and conv.groups == 1 and (conv.in_channels, conv.out_channels) == (m.in_channels, m.out_channels)):
+        return "shortcut is not a plain 1x1x1 conv"
+    return None
+
+
 def block_reason(m) -> str | None:
-    if m.inject_noise:
-        return "spatial noise injection (drawn by the stock forward)"
-    if not (isinstance(m.conv_shortcut, torch.nn.Identity) and isinstance(m.norm3, torch.nn.Identity)):
-        return "channel-changing block (shortcut conv and layer norm)"
+    if m.inject_noise and m.in_channels != m.out_channels:
+        return "spatial noise in a channel-changing block"
+    reason = shortcut_reason(m)
+    if reason is not None:
+        return reason
     if type(m.non_linearity) is not torch.nn.SiLU:
         return f"activation {type(m.non_linearity).__name__}"
     if type(m.dropout) is not torch.nn.Dropout:
         return f"dropout is a {type(m.dropout).__name__}"
     if not (is_a(m.conv1, CAUSAL_CONV) and is_a(m.conv2, CAUSAL_CONV)):
         return "block convs are not causal convs"
-    c = m.in_channels
-    if m.conv1.conv.in_channels != c or m.conv2.conv.out_channels != c:
+    c, out = m.in_channels, m.out_channels
+    if (m.conv1.conv.in_channels, m.conv1.conv.out_channels, m.conv2.conv.out_channels) != (c, out, out):
         return "block conv widths"
     if m.timestep_conditioning and tuple(m.scale_shift_table.shape) != (4, c):
         return f"scale/shift table of shape {tuple(m.scale_shift_table.shape)}"
     return first_reason(forward_reason(m), pixel_norm_reason(m.norm1), pixel_norm_reason(m.norm2),
-                        RMS_NORM_SILU.channels_reason(c),
+                        RMS_NORM_SILU.channels_reason(c), RMS_NORM_SILU.channels_reason(out),
                         causal_conv_static_reason(m.conv1), causal_conv_static_reason(m.conv2))
 
 

@@ -19,13 +19,14 @@ import contextlib
 import math
 
 import torch
+import torch.nn.functional as F
 
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
-from ...comfyui.weights import bias_of, weights_for_call
+from ...comfyui.weights import bias_of, weight_of, weights_for_call
 from ...fused import FusedModule
 from ...prewarm import tiny_input
 from ...reasons import first_reason, input_reason
-from ..wan.ops import CL3D, add_parts, conv_weights_reason, sum_parts, to_cl, to_cl3d
+from ..wan.ops import CL3D, add_parts, conv_weight, conv_weights_reason, sum_parts, to_cl, to_cl3d
 from .ops import (
     causal_conv,
     chunked,
@@ -138,11 +139,13 @@ class FusedLTXPixelNorm(_Prewarmed):
 
 
 class FusedLTXResnetBlock(_Prewarmed):
-    """``ResnetBlock3D`` with pixel norms, no noise injection and an identity shortcut:
-    pixel norm (* (1 + scale) + shift when timestep-conditioned) + SiLU in one pass, causal
-    conv, the same with conv1's bias and partial sums folded into the norm's read, causal conv,
-    then conv2's parts + bias + residual in one pass (0.33: the residual frames aligned across
-    chunks as the stock block does)."""
+    """``ResnetBlock3D`` with pixel norms: pixel norm (* (1 + scale) + shift when timestep-
+    conditioned) + SiLU in one pass, causal conv, the same with conv1's bias folded into the
+    norm's read, causal conv, then conv2's output + bias + residual in one pass (0.33: the
+    residual frames aligned across chunks as the stock block does). Spatial noise (LTX-Video
+    0.9.1's ``inject_noise``) is drawn and added after each conv as stock does it; a
+    channel-changing block (``res_x_y``) takes its residual through its layer norm and 1x1x1
+    conv."""
 
     def _affine(self, x: torch.Tensor, timestep):
         """(gamma1, bias1, gamma2, bias2) of the two norms, fp32; all None unconditioned."""
@@ -176,9 +179,11 @@ class FusedLTXResnetBlock(_Prewarmed):
         if self.training:
             return "training mode (dropout)"
         timestep = args[1] if len(args) > 1 else kwargs.get("timestep")
+        shortcut = () if isinstance(self.conv_shortcut, torch.nn.Identity) else (
+            conv_weights_reason(self.conv_shortcut, x), conv_weights_reason(self.norm3.norm, x))
         return first_reason(self._timestep_reason(x, timestep), conv_frame_reason(self.conv1, x),
                             conv_weights_reason(self.conv1.conv, x),
-                            conv_weights_reason(self.conv2.conv, x))
+                            conv_weights_reason(self.conv2.conv, x), *shortcut)
 
     def prewarm_kwargs(self, x: torch.Tensor) -> dict:
         if not self.timestep_conditioning:
@@ -190,28 +195,49 @@ class FusedLTXResnetBlock(_Prewarmed):
         g1, b1, g2, b2 = self._affine(x, timestep)
         h = pixel_norm(x, self.norm1.eps, g1, b1, silu=True)
         parts, commit1 = causal_conv(self.conv1, h, causal)
-        if parts:
+        if parts and not self.inject_noise:
             h = pixel_norm(parts[0], self.norm2.eps, g2, b2, silu=True, addends=tuple(parts[1:]),
                            in_bias=bias_of(self.conv1.conv))
         else:
-            h = conv_output(self.conv1, h, parts)
+            h = self._noised(conv_output(self.conv1, h, parts), "per_channel_scale1")
+            h = pixel_norm(h, self.norm2.eps, g2, b2, silu=True)
         del parts
         parts, commit2 = causal_conv(self.conv2, h, causal)
-        if not parts:
-            parts = [conv_output(self.conv2, h, parts)]
-        del h
         bias = bias_of(self.conv2.conv)
+        if not parts or self.inject_noise:
+            parts, bias = [self._noised(conv_output(self.conv2, h, parts), "per_channel_scale2")], None
+        del h
+        residual = self._shortcut(x)
         commit3 = no_commit
         if chunked(self):
             key = thread_key()
             out, rest = exchange_add(parts[0], bias, tuple(parts[1:]),
-                                     self.temporal_cache_state.get(key), x)
+                                     self.temporal_cache_state.get(key), residual)
             commit3 = lambda: self.temporal_cache_state.__setitem__(key, rest)  # noqa: E731
         else:
-            out = add_parts(parts, bias, x)
+            out = add_parts(parts, bias, residual)
         for commit in (commit1, commit2, commit3):  # plain dict stores: nothing can fail now
             commit()
         return out
+
+    def _noised(self, h: torch.Tensor, scale_name: str) -> torch.Tensor:
+        """``h`` plus the block's spatial noise, drawn by the stock block's own method at the
+        point of the stock forward, so the generator is consumed exactly as stock (one draw per
+        call, frames or not)."""
+        if not self.inject_noise:
+            return h
+        scale = getattr(self, scale_name)
+        return to_cl3d(self._feed_spatial_noise(h, scale.to(device=h.device, dtype=h.dtype)))
+
+    def _shortcut(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual: ``x``, or for a channel-changing block its layer norm (over channels,
+        which channels-last-3d memory holds innermost) then the 1x1x1 conv."""
+        if isinstance(self.conv_shortcut, torch.nn.Identity):
+            return x
+        ln = self.norm3.norm
+        y = F.layer_norm(x.permute(0, 2, 3, 4, 1), ln.normalized_shape, weight_of(ln), bias_of(ln), ln.eps)
+        conv = self.conv_shortcut
+        return to_cl3d(F.conv3d(y.permute(0, 4, 1, 2, 3), conv_weight(conv, CL3D), bias_of(conv)))
 
 
 class FusedLTXDepthToSpace(_Prewarmed):
