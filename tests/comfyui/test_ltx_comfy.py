@@ -216,21 +216,25 @@ def test_a_block_failing_halfway_leaves_the_frame_state_alone(vaes, monkeypatch)
         m.temporal_cache_state.pop(key, None)
 
 
-@pytest.fixture(scope="module")
-def noisy_vaes():
-    """LTX-Video 0.9.x pieces: noise-injecting blocks and a channel-changing block."""
-    from support.ltx_models import NOISE_AND_SHORTCUT, ltx_vae
+def _config_vaes(name: str):
+    from support import ltx_models
 
     comfy_nodes()
-    fast = ltx_vae(NOISE_AND_SHORTCUT)
-    return ltx_vae(NOISE_AND_SHORTCUT), fast, install_fast_path(fast.first_stage_model)
+    config = getattr(ltx_models, name)
+    fast = ltx_models.ltx_vae(config)
+    return ltx_models.ltx_vae(config), fast, install_fast_path(fast.first_stage_model)
 
 
-def test_noise_injecting_and_channel_changing_blocks(noisy_vaes):
-    stock, vae, report = noisy_vaes
+@pytest.mark.parametrize("name", ["NOISE_AND_SHORTCUT", "UNCONDITIONED_CAUSAL_ZEROS"])
+def test_other_decoder_configurations(name):
+    """Noise-injecting and channel-changing blocks (LTX-Video 0.9.x); an unconditioned causal
+    decoder with zero padding: fused, lossless exact, high close, the generator left where
+    stock leaves it."""
+    stock, vae, report = _config_vaes(name)
     assert report.family == "ltx" and report.skipped == {} and report.reason is None
     blocks = [m for m in vae.first_stage_model.decoder.modules() if type(m).__name__.endswith("ResnetBlock3D]")]
-    assert any(b.inject_noise for b in blocks) and any(b.in_channels != b.out_channels for b in blocks)
+    if name == "NOISE_AND_SHORTCUT":
+        assert any(b.inject_noise for b in blocks) and any(b.in_channels != b.out_channels for b in blocks)
     z = _latent((1, 128, 2, 2, 3), seed=4)
     after = []
     with torch.inference_mode():

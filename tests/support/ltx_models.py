@@ -19,6 +19,20 @@ NOISE_AND_SHORTCUT = {
     "causal_decoder": False, "timestep_conditioning": True,
 }
 
+# The other branches of the config keys: no timestep conditioning (no noise drawn per decode),
+# a causal decoder (time padding in front only) and zero spatial padding (the conv's own).
+UNCONDITIONED_CAUSAL_ZEROS = {
+    "dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128,
+    "decoder_blocks": [["res_x", {"num_layers": 1}],
+                       ["compress_all", {"residual": True, "multiplier": 2}],
+                       ["compress_all", {"residual": True, "multiplier": 1}],
+                       ["compress_all", {"multiplier": 1}],
+                       ["res_x", {"num_layers": 1}]],
+    "encoder_blocks": [["res_x", {"num_layers": 1}]],
+    "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "uniform",
+    "causal_decoder": True, "timestep_conditioning": False, "spatial_padding_mode": "zeros",
+}
+
 
 def ltx_vae(config: dict, seed: int = 0):
     import comfy.sd
