@@ -37,11 +37,15 @@ CASES: dict[str, Case] = {c.name: c for c in (
     Case("wan22-704p-33", "wan22", (1, 48, 9, 44, 80), "Wan 2.2 VAE, 704x1280, 33 frames"),
     # Qwen-Image decodes its images with the Wan 2.1 VAE, one latent frame each.
     Case("qwen-1024", "wan21", (1, 16, 1, 128, 128), "Qwen-Image (Wan 2.1 VAE), 1024x1024, one frame"),
+    # LTX-2: 32x spatial, 8x temporal (121 frames = 1 + 8 * 15).
+    Case("ltx2-768x512-121", "ltx2", (1, 128, 16, 16, 24), "LTX-2 VAE, 768x512, 121 frames"),
+    Case("ltx2-1280x704-121", "ltx2", (1, 128, 16, 22, 40), "LTX-2 VAE, 1280x704, 121 frames"),
     # Small structures for CPU tests: two latent frames exercise the Wan feature cache.
     Case("tiny-sdxl", "tiny_sdxl", (1, 4, 8, 8)),
     Case("tiny-flux", "tiny_flux", (1, 16, 8, 8)),
     Case("tiny-wan21", "tiny_wan21", (1, 16, 2, 4, 4)),
     Case("tiny-wan22", "tiny_wan22", (1, 48, 2, 4, 4)),
+    Case("tiny-ltx2", "tiny_ltx2", (1, 128, 2, 2, 3)),
 )}
 
 DEFAULT_CASES = tuple(name for name, case in CASES.items() if not case.tiny)

@@ -16,13 +16,15 @@ CPU tests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Iterator
 
 import torch
 
-ARCHS = ("sdxl", "sd15", "flux", "wan21", "wan22")
-VIDEO_ARCHS = ("wan21", "wan22")
+ARCHS = ("sdxl", "sd15", "flux", "wan21", "wan22", "ltx2")
+VIDEO_ARCHS = ("wan21", "wan22", "ltx2")
+COMFY_ONLY_ARCHS = ("ltx2",)  # no diffusers builder: ComfyUI's classes are what users run
 BIAS_STD = 0.01
 
 
@@ -38,7 +40,7 @@ def split_arch(arch: str, tiny: bool = False) -> tuple[str, bool]:
 
 def latent_channels(arch: str) -> int:
     arch, _ = split_arch(arch)
-    return {"sdxl": 4, "sd15": 4, "flux": 16, "wan21": 16, "wan22": 48}[arch]
+    return {"sdxl": 4, "sd15": 4, "flux": 16, "wan21": 16, "wan22": 48, "ltx2": 128}[arch]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -91,6 +93,8 @@ def seeded_latent(shape: tuple[int, ...], seed: int = 0, device: str | torch.dev
 
 
 def _diffusers_config(arch: str, tiny: bool) -> tuple[str, dict]:
+    if arch in COMFY_ONLY_ARCHS:
+        raise ValueError(f"{arch} is built from ComfyUI's classes only (run the bench with --comfyui)")
     if arch in ("sdxl", "sd15", "flux"):
         blocks = (32, 64) if tiny else (128, 256, 512, 512)
         config = dict(
@@ -163,9 +167,110 @@ def _wan_config(arch: str, tiny: bool) -> dict:
     return config
 
 
+# LTX: ComfyUI builds ``VideoVAE`` from the checkpoint's metadata config when it has one (LTX-2
+# checkpoints do), else from its default for the version it reads off the keys; the full-size
+# case is that default (version 2: 1024 -> 128 channels over three residual depth-to-space
+# stages, timestep-conditioned, reflect padding). The tiny one keeps its 32x spatial and 8x
+# temporal ratios (ComfyUI's tiling assumes them), narrow (0.8 fixes the decoder's base width
+# at 128, so the narrowing is in the stages: 256, then 128), with one block per stage and one
+# plain (non-residual) upsampler; given as metadata, the way a checkpoint gives its config.
+LTX_VERSION = 2
+TINY_LTX_CONFIG = {
+    "dims": 3, "in_channels": 3, "out_channels": 3, "latent_channels": 128,
+    "decoder_blocks": [["res_x", {"num_layers": 1}],
+                       ["compress_all", {"residual": True, "multiplier": 2}],
+                       ["res_x", {"num_layers": 1}],
+                       ["compress_all", {"residual": True, "multiplier": 1}],
+                       ["compress_all", {"multiplier": 1}],
+                       ["res_x", {"num_layers": 1}]],
+    "encoder_blocks": [["res_x", {"num_layers": 1}]],
+    "norm_layer": "pixel_norm", "patch_size": 4, "latent_log_var": "uniform",
+    "causal_decoder": False, "timestep_conditioning": True,
+}
+
+
+def _ltx_model(config: dict | None) -> torch.nn.Module:
+    from comfy.ldm.lightricks.vae.causal_video_autoencoder import VideoVAE
+
+    with _eager_comfy_ops():
+        return VideoVAE(version=LTX_VERSION) if config is None else VideoVAE(config=dict(config))
+
+
+@contextlib.contextmanager
+def _eager_comfy_ops() -> Iterator[None]:
+    """ComfyUI's ops create a ``Linear``'s weights only when a state dict is loaded while its
+    dynamic VRAM (comfy-aimdo) is on; a model made to produce a state dict needs them created."""
+    import sys
+
+    memory = sys.modules.get("comfy.memory_management")
+    if not getattr(memory, "aimdo_enabled", False):
+        yield
+        return
+    memory.aimdo_enabled = False
+    try:
+        yield
+    finally:
+        memory.aimdo_enabled = True
+
+
+@torch.no_grad()
+def _ltx_constants_(model: torch.nn.Module) -> None:
+    """What ``init_weights_`` must not randomise in an LTX VAE: the latent statistics (buffers
+    left uninitialised by the constructor) become the identity, and the decoder's timestep
+    multiplier keeps the value it is constructed with."""
+    for name, buf in model.per_channel_statistics.named_buffers():
+        buf.copy_(torch.ones_like(buf) if "std" in name else torch.zeros_like(buf))
+    multiplier = getattr(model.decoder, "timestep_scale_multiplier", None)
+    if multiplier is not None:
+        multiplier.fill_(1000.0)
+
+
+def ltx_state_dict(config: dict | None = None, seed: int = 0) -> dict[str, torch.Tensor]:
+    """A seeded state dict of ComfyUI's ``VideoVAE`` built from ``config`` (None: its default
+    for ``LTX_VERSION``, what a checkpoint without metadata gets), fresh tensors each call."""
+    if config is None or config is TINY_LTX_CONFIG:
+        return {k: v.clone() for k, v in _ltx_state_dict(seed, config is not None).items()}
+    return _seeded_ltx(config, seed)
+
+
+@functools.lru_cache(maxsize=1)
+def _ltx_state_dict(seed: int, tiny: bool) -> dict[str, torch.Tensor]:
+    """The bench's LTX VAEs, kept for the next case of the same VAE."""
+    return _seeded_ltx(TINY_LTX_CONFIG if tiny else None, seed)
+
+
+def _seeded_ltx(config: dict | None, seed: int) -> dict[str, torch.Tensor]:
+    """Seeded decoder weights; the encoder (694M parameters at full size, never used by a
+    decode) is zeros, which keeps building it cheap."""
+    model = _ltx_model(config)
+    with torch.no_grad():
+        for p in model.encoder.parameters():
+            p.zero_()
+    init_weights_(model.decoder, seed)
+    _ltx_constants_(model)
+    return dict(model.state_dict())
+
+
+def comfy_metadata(arch: str, tiny: bool = False) -> dict | None:
+    """The checkpoint metadata ``comfy.sd.VAE`` gets for ``arch`` (an LTX config, tiny only)."""
+    arch, tiny = split_arch(arch, tiny)
+    return ltx_metadata(TINY_LTX_CONFIG) if arch == "ltx2" and tiny else None
+
+
+def ltx_metadata(config: dict) -> dict:
+    """Checkpoint metadata carrying an LTX VAE config, as LTX-2 checkpoints do."""
+    import json
+
+    return {"config": json.dumps({"vae": config})}
+
+
 def comfy_state_dict(arch: str, seed: int = 0, tiny: bool = False) -> dict[str, torch.Tensor]:
     """A seeded state dict for ``arch`` made by ComfyUI's own classes (fp32, CPU)."""
     arch, tiny = split_arch(arch, tiny)
+    if arch == "ltx2":
+        # Copies (ltx_state_dict): under dynamic VRAM ComfyUI loads a state dict by assignment,
+        # adopting the tensors.
+        return ltx_state_dict(TINY_LTX_CONFIG if tiny else None, seed)
     if arch in ("sdxl", "sd15"):
         from comfy.ldm.models.autoencoder import AutoencoderKL
 
@@ -255,8 +360,9 @@ def comfy_vae(arch: str, seed: int = 0, tiny: bool = False, dtype: torch.dtype |
 
     arch, tiny = split_arch(arch, tiny)
     sd = comfy_state_dict(arch, seed, tiny)
-    with _tiny_constructors(arch) if tiny else contextlib.nullcontext():
-        vae = comfy.sd.VAE(sd=sd, device=device, dtype=dtype)
+    metadata = comfy_metadata(arch, tiny)
+    with _tiny_constructors(arch) if tiny and metadata is None else contextlib.nullcontext():
+        vae = comfy.sd.VAE(sd=sd, device=device, dtype=dtype, metadata=metadata)
     expected = _COMFY_CLASSES[arch]
     got = f"{type(vae.first_stage_model).__module__}.{type(vae.first_stage_model).__qualname__}"
     if got != expected:
@@ -270,4 +376,5 @@ _COMFY_CLASSES = {
     "flux": "comfy.ldm.models.autoencoder.AutoencodingEngine",
     "wan21": "comfy.ldm.wan.vae.WanVAE",
     "wan22": "comfy.ldm.wan.vae2_2.WanVAE",
+    "ltx2": "comfy.ldm.lightricks.vae.causal_video_autoencoder.VideoVAE",
 }

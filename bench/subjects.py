@@ -55,14 +55,21 @@ def _decoder_dtype(model: torch.nn.Module) -> torch.dtype:
     return next(inner.parameters()).dtype
 
 
+# Every decode starts from the same random state: some decoders draw noise per decode (LTX's
+# timestep-conditioned ``VideoVAE.decode``), and stock, lossless and high must see the same.
+DECODE_SEED = 0
+
+
 def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subject:
     from ..nodes.fast_vae_decode import FastVAEDecode
     from .progress_cost import timed_progress
 
     def stock() -> torch.Tensor:
+        torch.manual_seed(DECODE_SEED)
         return nodes.VAEDecode().decode(vae, {"samples": latent})[0]
 
     def decode(quality: str) -> tuple[torch.Tensor, dict]:
+        torch.manual_seed(DECODE_SEED)
         with timed_progress() as progress:
             out = FastVAEDecode.execute({"samples": latent}, vae, quality)
         return out[0], dict(out.ui["fast_vae_decode"][0], **progress.as_info())
@@ -76,6 +83,7 @@ def _comfy_subject(vae, latent: torch.Tensor, nodes: types.ModuleType) -> Subjec
         model = clone_module(vae.first_stage_model,
                              tensor_copier(vae.device, lambda path: torch.float32))
         z = latent.to(device=vae.device, dtype=torch.float32)
+        torch.manual_seed(DECODE_SEED)
         images = vae.process_output(model.decode(z).float()).to(vae.output_device).movedim(1, -1)
         return images.reshape(-1, *images.shape[-3:]) if images.ndim == 5 else images
 

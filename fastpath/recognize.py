@@ -30,3 +30,14 @@ def is_a(obj: object, *qualified_names: str) -> bool:
 
 def is_wan_vae_model(model: object) -> bool:
     return is_a(model, *WAN_VAE_CLASSES)
+
+
+def unknown_module(root, known: frozenset | set, torch_safe: tuple, prefix: str = "decoder") -> str | None:
+    """The first module under ``root`` whose stock class is neither in ``known`` (qualified
+    names) nor a subclass of one of ``torch_safe``, as a reason; None when all are known."""
+    for path, m in root.named_modules(prefix=prefix):
+        name = stock_class_name(m)
+        if name in known or is_a(m, *torch_safe):
+            continue
+        return f"unknown module {name} at {path}"
+    return None

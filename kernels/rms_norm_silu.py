@@ -1,8 +1,17 @@
-"""RMS norm over channels (+ optional SiLU) on channels-last tensors: Wan VAE's ``RMS_norm``.
+"""RMS norm over channels (+ optional SiLU) on channels-last tensors: Wan VAE's ``RMS_norm``
+and LTX VAE's ``PixelNorm``.
 
-Math (ComfyUI ``comfy.ldm.wan.vae.RMS_norm``, diffusers ``WanRMS_norm``), C = ``x.shape[1]``:
+Math, C = ``x.shape[1]``, ``gamma`` optional (None: 1):
 
-    y = x / max(||x||_2 over C, eps) * sqrt(C) * gamma + bias ;  out = silu(y) when ``silu``
+    Wan ``RMS_norm`` (ComfyUI ``comfy.ldm.wan.vae``, diffusers ``WanRMS_norm``):
+        y = x / max(||x||_2 over C, eps) * sqrt(C) * gamma + bias
+    LTX ``PixelNorm`` (``mean_eps=True``: eps is added to the mean square under the root):
+        y = x / sqrt(mean(x^2 over C) + eps) * gamma + bias
+    out = silu(y) when ``silu``
+
+The two norms differ only in where eps enters, so they are one operation with a flag: LTX's
+timestep-conditioned blocks scale and shift the normed value per channel
+(``* (1 + scale) + shift``), which is ``gamma`` / ``bias`` here.
 
 The stock module computes this in several passes in ``x.dtype``; here it is one pass, fp32
 throughout, rounded once to ``x.dtype``. Each program owns a [BLOCK_P, BLOCK_C] tile: BLOCK_P
@@ -42,13 +51,14 @@ RMS_NORM_SILU = Accepts(min_rank=4, max_rank=5, layout=pixels_dense,
 
 
 def rms_norm_silu_reference(
-    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False
 ):
     """Stock math with fp32 accumulation; the test oracle (where the kernel declines, the caller
     runs the stock module).
 
-    ``gamma``/``bias`` may be flat (C,) or the stock (C, 1, ...) parameters; ``bias`` may also be
-    None or a python number. The norm's input is ``x + addends... + in_bias`` summed in fp32 in
+    ``gamma``/``bias`` may be flat (C,) or the stock (C, 1, ...) parameters; ``gamma`` may be
+    None (no scale), ``bias`` None or a python number; ``mean_eps`` selects the pixel norm.
+    The norm's input is ``x + addends... + in_bias`` summed in fp32 in
     that order (the kernel's order). Returns
     ``x.dtype``: a new tensor, or ``out`` written in place when given.
     """
@@ -59,9 +69,12 @@ def rms_norm_silu_reference(
         xf = xf + a.float()
     if in_bias is not None:
         xf = xf + in_bias.to(device=x.device, dtype=torch.float32).reshape(shape)
-    g = gamma.to(device=x.device, dtype=torch.float32).reshape(shape)
-    norm = torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(eps)
-    y = xf / norm * (channels**0.5) * g
+    if mean_eps:
+        y = xf / torch.sqrt(xf.square().mean(dim=1, keepdim=True) + eps)
+    else:
+        y = xf / torch.linalg.vector_norm(xf, dim=1, keepdim=True).clamp_min(eps) * (channels**0.5)
+    if gamma is not None:
+        y = y * gamma.to(device=x.device, dtype=torch.float32).reshape(shape)
     if isinstance(bias, torch.Tensor):
         b = bias.to(device=x.device, dtype=torch.float32)
         y = y + (b.reshape(shape) if b.numel() == channels else b)
@@ -127,7 +140,7 @@ def rms_norm_silu_unsupported(
     if reason is not None:
         return reason
     channels = x.shape[1]
-    reason = _param_reason("gamma", gamma, x, channels)
+    reason = None if gamma is None else _param_reason("gamma", gamma, x, channels)
     if reason is not None:
         return reason
     if isinstance(bias, torch.Tensor):
@@ -187,6 +200,8 @@ if triton is not None:
         bias_scalar,
         N_ADDENDS: tl.constexpr,
         HAS_IN_BIAS: tl.constexpr,
+        HAS_GAMMA: tl.constexpr,
+        MEAN_EPS: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         SILU: tl.constexpr,
         BLOCK_P: tl.constexpr,
@@ -213,10 +228,14 @@ if triton is not None:
             # never stored.
             x += tl.load(in_bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         # Masked lanes load 0, so they do not change the sum of squares.
-        norm = tl.sqrt(tl.sum(x * x, axis=1))
-        factor = scale / tl.maximum(norm, eps)
-        g = tl.load(gamma_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        y = x * factor[:, None] * g[None, :]
+        sum_sq = tl.sum(x * x, axis=1)
+        if MEAN_EPS:
+            factor = 1.0 / tl.sqrt(sum_sq / channels + eps)
+        else:
+            factor = scale / tl.maximum(tl.sqrt(sum_sq), eps)
+        y = x * factor[:, None]
+        if HAS_GAMMA:
+            y = y * tl.load(gamma_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
         if HAS_BIAS:
             b = tl.load(bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
             y = y + b[None, :]
@@ -232,9 +251,10 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_silu(
-    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False
 ) -> torch.Tensor | None:
-    """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor.
+    """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor
+    (``mean_eps``: the pixel norm; ``gamma`` None: no scale).
 
     The norm's input is ``x + addends... + in_bias`` (fp32, see the module docstring). Returns
     None when :func:`rms_norm_silu_unsupported` gives a reason (the caller then takes the stock
@@ -252,11 +272,11 @@ def rms_norm_silu(
         return out
     batch, channels = x.shape[0], x.shape[1]
     pixels = x.numel() // (batch * channels)
-    gamma_flat = _flat(gamma)
+    # Absent tensors get x as a placeholder pointer; the constexprs keep it unread.
+    gamma_flat = x if gamma is None else _flat(gamma)
     has_bias = isinstance(bias, torch.Tensor)
-    bias_flat = _flat(bias) if has_bias else gamma_flat  # unread when HAS_BIAS is False
+    bias_flat = _flat(bias) if has_bias else x
     bias_scalar = 0.0 if has_bias or bias is None else float(bias)
-    # Absent addends / in_bias get x as a placeholder pointer; the constexprs keep it unread.
     a0, a1 = (tuple(addends) + (x, x))[:2]
     in_bias_flat = x if in_bias is None else _flat(in_bias)
     block_p, block_c, num_warps = rms_norm_silu_config(channels, x.element_size())
@@ -280,6 +300,8 @@ def rms_norm_silu(
     meta = {
         "N_ADDENDS": len(addends),
         "HAS_IN_BIAS": in_bias is not None,
+        "HAS_GAMMA": gamma is not None,
+        "MEAN_EPS": bool(mean_eps),
         "HAS_BIAS": has_bias,
         "SILU": bool(silu),
         "BLOCK_P": block_p,

@@ -9,7 +9,7 @@ import importlib
 
 from ..log import log_once
 
-for _name in ("kl", "wan"):
+for _name in ("kl", "wan", "ltx"):
     try:
         importlib.import_module(f"{__name__}.{_name}")
     except Exception as _exc:  # pragma: no cover - depends on the ComfyUI tree

@@ -12,6 +12,7 @@ tiled retry.
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 
 import torch
@@ -135,7 +136,7 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
             stream = FrameStream(vae.process_output, dest_for)
             try:
                 with frames_to(stream), nested(start // per_pass, SLICE_UNITS, passes):
-                    out = vae.first_stage_model.decode(z)
+                    out = vae.first_stage_model.decode(z, **_device_output(vae, z))
                 streamed = stream.complete(out)
             finally:
                 stream.close()
@@ -148,3 +149,27 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
     except mm.OOM_EXCEPTION:
         return None
     return pixels
+
+
+# The most GPU memory a decode's own output buffer may take (see ``_device_output``): the
+# model's chunked decode keeps its activations bounded, and a long video's output must not
+# make the peak grow with its frames; beyond this the model writes to host memory itself.
+DEVICE_OUTPUT_MAX_BYTES = 1 << 30
+
+
+def _device_output(vae, z: torch.Tensor) -> dict:
+    """The decode's own output buffer, on the VAE's device, for a model that writes its frames
+    into one (``comfy_has_chunked_io``: ComfyUI's LTX ``VideoVAE``); without it such a model
+    copies every chunk to ComfyUI's intermediate device (the CPU) itself. In the decoder's dtype,
+    which the pixel finish turns to fp32 exactly as ComfyUI's own fp32 buffer would hold it;
+    under another output dtype (fp16 intermediates, which rounds) or beyond
+    ``DEVICE_OUTPUT_MAX_BYTES`` the model keeps its own."""
+    model = vae.first_stage_model
+    output_dtype = getattr(vae, "vae_output_dtype", None)
+    if (not getattr(model, "comfy_has_chunked_io", False) or not callable(output_dtype)
+            or output_dtype() != torch.float32 or not hasattr(model, "decode_output_shape")):
+        return {}
+    shape = model.decode_output_shape(z.shape)
+    if math.prod(shape) * z.element_size() > DEVICE_OUTPUT_MAX_BYTES:
+        return {}
+    return {"output_buffer": torch.empty(shape, dtype=z.dtype, device=z.device)}

@@ -20,8 +20,10 @@ from support.comfy_env import comfy_nodes, requires_comfyui
 
 COMFY_CLASSES = {
     "sdxl": "AutoencoderKL", "sd15": "AutoencoderKL", "flux": "AutoencodingEngine",
-    "wan21": "WanVAE", "wan22": "WanVAE",
+    "wan21": "WanVAE", "wan22": "WanVAE", "ltx2": "VideoVAE",
 }
+# Output frames for two latent frames: Wan upsamples time 4x, LTX 8x (the first frame once).
+TWO_LATENT_FRAMES = {"ltx2": 9}
 
 
 @requires_comfyui
@@ -37,7 +39,8 @@ def test_comfyui_detects_tiny_vaes(arch, monkeypatch):
     shape = (1, vae.latent_channels) + ((2, 4, 4) if video else (4, 4))
     with torch.inference_mode():
         images = nodes.VAEDecode().decode(vae, {"samples": models.seeded_latent(shape)})[0]
-    assert images.shape[0] == (5 if video else 1) and images.shape[-1] == 3
+    frames = TWO_LATENT_FRAMES.get(arch, 5) if video else 1
+    assert images.shape[0] == frames and images.shape[-1] == 3
     assert torch.isfinite(images).all()
 
 
@@ -52,20 +55,25 @@ def test_comfyui_detects_full_size_wan21():
     assert vae.first_stage_model.decoder.head[0].gamma.shape[0] == 96
 
 
-@requires_comfyui
-@pytest.mark.comfyui
-def test_bench_against_comfyui_is_bit_exact(tmp_path, monkeypatch):
+def _bench_rows(tmp_path, monkeypatch, cases: str, precisions: str) -> list[dict]:
+    """The bench's JSON rows for ``cases`` against this ComfyUI (stock path on the CPU)."""
     from fast_vae_decode.bench.cli import main
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    path = tmp_path / "comfy.json"
+    path = tmp_path / "bench.json"
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["bench", "--comfyui", os.environ["COMFYUI_PATH"], "--cases",
-                     "tiny-sdxl,tiny-wan21", "--precisions", "bf16", "--repeats", "1",
-                     "--warmup", "0", "--triton-cache", "keep", "--json", str(path)])
+        code = main(["bench", "--comfyui", os.environ["COMFYUI_PATH"], "--cases", cases,
+                     "--precisions", precisions, "--repeats", "1", "--warmup", "0",
+                     "--triton-cache", "keep", "--json", str(path)])
     assert code == 0, out.getvalue()
-    rows = json.loads(path.read_text())["results"]
+    return json.loads(path.read_text())["results"]
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_bench_against_comfyui_is_bit_exact(tmp_path, monkeypatch):
+    rows = _bench_rows(tmp_path, monkeypatch, "tiny-sdxl,tiny-wan21", "bf16")
     assert [r["backend"] for r in rows] == ["comfyui"] * 3
     for row in rows:
         assert row["error"] is None, row
@@ -92,3 +100,12 @@ def test_timed_progress_counts_the_nodes_reports_and_restores_them():
             report(done, 3)
     assert cost.updates == 3 and cost.seconds >= 0
     assert node.comfy_progress is real and comfy.utils.PROGRESS_BAR_HOOK is hook
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_bench_seeds_each_ltx_decode(tmp_path, monkeypatch):
+    """LTX draws noise per decode: the bench seeds every decode, so lossless is comparable."""
+    (row,) = _bench_rows(tmp_path, monkeypatch, "tiny-ltx2", "none")
+    assert row["error"] is None and row["skipped"] is None, row
+    assert row["lossless_bit_exact"] is True and row["stock_bit_exact_after_install"] is True

@@ -134,3 +134,26 @@ def test_wan_loop_with_a_chunk_off_plan_says_its_frames_are_lost():
     assert assemble_frames(lambda i: chunks[i], 3).shape[2] == 11
     with pytest.raises(FramesLost):
         assemble_frames(lambda i: chunks[i], 3, _stream_into(torch.empty(1, 9, 3, 3, 2)))
+
+
+def test_device_output_buffer_only_where_comfyuis_own_holds_the_same_values(monkeypatch):
+    """A chunked-output model (LTX's VideoVAE) gets its output buffer on the VAE's device in the
+    decoder's dtype when ComfyUI's own buffer would be fp32, and within the size limit."""
+    import types
+
+    from fast_vae_decode.fastpath.pixels import decode as pixel_decode
+
+    model = types.SimpleNamespace(comfy_has_chunked_io=True,
+                                  decode_output_shape=lambda s: (s[0], 3, 9, 32, 32))
+    z = torch.zeros(1, 128, 2, 1, 1, dtype=torch.bfloat16)
+
+    def vae(dtype):
+        return types.SimpleNamespace(first_stage_model=model, vae_output_dtype=lambda: dtype)
+
+    buf = pixel_decode._device_output(vae(torch.float32), z)["output_buffer"]
+    assert buf.shape == (1, 3, 9, 32, 32) and buf.dtype == torch.bfloat16 and buf.device == z.device
+    assert pixel_decode._device_output(vae(torch.float16), z) == {}  # stock rounds to fp16 there
+    monkeypatch.setattr(pixel_decode, "DEVICE_OUTPUT_MAX_BYTES", 1000)
+    assert pixel_decode._device_output(vae(torch.float32), z) == {}
+    model.comfy_has_chunked_io = False
+    assert pixel_decode._device_output(vae(torch.float32), z) == {}

@@ -323,3 +323,58 @@ def test_unsupported_fold_returns_none(make):
     before = x.clone()
     assert rms_norm_silu(x, torch.ones(8), None, **kw) is None
     assert torch.equal(x, before)
+
+
+# --- the pixel norm (``mean_eps``): LTX VAE's ``PixelNorm``, with its blocks' scale/shift ----
+
+# (shape, with scale/shift, silu): LTX decoder widths are 128..1024; small and odd ones here.
+PIXEL_CASES = [
+    ((1, 32, 3, 5, 7), False, False),  # the bare PixelNorm (decoder head): no gamma, no bias
+    ((1, 48, 2, 3, 5), True, True),  # a timestep-conditioned block: * (1 + scale) + shift, SiLU
+    ((2, 24, 1, 4, 3), True, True),  # batch 2
+    ((1, 5, 2, 2, 3), False, True),  # odd C, masked lanes
+]
+
+
+def _pixel_norm_stock(x, eps=1e-8):
+    """ComfyUI ``PixelNorm.forward`` (dim 1), written from its formula."""
+    return x / torch.sqrt(torch.mean(x**2, dim=1, keepdim=True) + eps)
+
+
+@pytest.mark.parametrize("shape,affine,silu", PIXEL_CASES)
+def test_pixel_norm_reference_matches_stock_formula(shape, affine, silu):
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(shape, generator=gen)
+    scale, shift = (0.2 * torch.randn(shape[1], generator=gen) for _ in range(2))
+    view = (1, -1) + (1,) * (len(shape) - 2)
+    expected = _pixel_norm_stock(x)
+    if affine:
+        expected = expected * (1 + scale.reshape(view)) + shift.reshape(view)
+    if silu:
+        expected = F.silu(expected)
+    got = rms_norm_silu_reference(x, 1 + scale if affine else None, shift if affine else None,
+                                  eps=1e-8, silu=silu, mean_eps=True)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape,affine,silu", PIXEL_CASES)
+def test_pixel_norm_kernel_matches_reference(shape, affine, silu, dtype):
+    gen = torch.Generator().manual_seed(6)
+    x = _channels_last(torch.randn(shape, generator=gen).to(dtype))
+    gamma = 1 + 0.2 * torch.randn(shape[1], generator=gen) if affine else None
+    bias = 0.2 * torch.randn(shape[1], generator=gen) if affine else None
+    in_bias = 0.1 * torch.randn(shape[1], generator=gen)  # a conv bias folded into the norm
+    kw = dict(eps=1e-8, silu=silu, mean_eps=True, in_bias=in_bias)
+    assert rms_norm_silu_unsupported(x, gamma, bias, in_bias=in_bias) is None
+    out = rms_norm_silu(x, gamma, bias, **kw)
+    ref = rms_norm_silu_reference(x, gamma, bias, **kw)
+    tol = 1e-5 if dtype == torch.float32 else 2**-7  # one bf16 ulp (see above)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=1e-5)
+
+
+def test_pixel_norm_zero_pixel_is_finite():
+    x = torch.randn(1, 16, 1, 2, 2)
+    x[0, :, 0, 0, 0] = 0  # mean square 0: eps keeps the root positive
+    out = rms_norm_silu(_channels_last(x), None, None, eps=1e-8, silu=False, mean_eps=True)
+    assert torch.isfinite(out).all() and (out[0, :, 0, 0, 0] == 0).all()

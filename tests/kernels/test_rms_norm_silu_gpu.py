@@ -39,3 +39,24 @@ def test_cuda_real_sizes(shape, dtype):
     # (bf16 2**-7, fp16 2**-10 of the binade); fp32 differs only by reduction order.
     rtol = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
     torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5)
+
+
+PIXEL_CASES = [
+    ((1, 128, 17, 128, 192), True),  # LTX-2 decoder last stage (768x512), scale/shift + SiLU
+    ((1, 1024, 16, 16, 24), True),  # LTX-2 decoder latent resolution, widest channels
+    ((1, 128, 17, 128, 192), False),  # the decoder head's bare PixelNorm
+]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,affine", PIXEL_CASES)
+def test_cuda_pixel_norm_real_sizes(shape, affine):
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
+    c = shape[1]
+    gamma = 1.0 + 0.2 * torch.randn(c, generator=gen, device="cuda") if affine else None
+    bias = 0.2 * torch.randn(c, generator=gen, device="cuda") if affine else None
+    kw = dict(eps=1e-8, silu=affine, mean_eps=True)
+    out = rms_norm_silu(x, gamma, bias, **kw)
+    assert out is not None
+    torch.testing.assert_close(out, rms_norm_silu_reference(x, gamma, bias, **kw), rtol=2**-7, atol=1e-5)

@@ -17,7 +17,8 @@ import torch
 
 from ...contract import Family, InstallReport, register_family
 from ...reasons import first_reason
-from ...recognize import is_a, is_wan_vae_model, stock_class_name
+from ...recognize import is_a, is_wan_vae_model
+from ...recognize import unknown_module as first_unknown
 from ...swap import swap_in, swap_reason
 from .decode import install_decode_loop
 from .exact import ExactRMSNorm, exact_norm_reason
@@ -72,12 +73,7 @@ def matches(model: torch.nn.Module) -> bool:
 
 
 def unknown_module(decoder: torch.nn.Module) -> str | None:
-    for path, m in decoder.named_modules(prefix="decoder"):
-        name = stock_class_name(m)
-        if name in LAYOUT_SAFE or name in KNOWN or is_a(m, *TORCH_SAFE):
-            continue
-        return f"unknown module {name} at {path}"
-    return None
+    return first_unknown(decoder, LAYOUT_SAFE | set(KNOWN), TORCH_SAFE)
 
 
 # --- what each fused class needs; None when the module computes exactly that -----------------
