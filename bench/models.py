@@ -362,6 +362,8 @@ def comfy_vae(arch: str, seed: int = 0, tiny: bool = False, dtype: torch.dtype |
     sd = comfy_state_dict(arch, seed, tiny)
     metadata = comfy_metadata(arch, tiny)
     with _tiny_constructors(arch) if tiny and metadata is None else contextlib.nullcontext():
+        # A torch.device, never a string: newer trees' VAE.decode reads ``device.type``.
+        device = None if device is None else torch.device(device)
         vae = comfy.sd.VAE(sd=sd, device=device, dtype=dtype, metadata=metadata)
     expected = _COMFY_CLASSES[arch]
     got = f"{type(vae.first_stage_model).__module__}.{type(vae.first_stage_model).__qualname__}"
