@@ -86,6 +86,8 @@ def test_bench_against_comfyui_is_bit_exact(tmp_path, monkeypatch):
             assert row["high_progress_ms"] >= 0, row["case"]
 
 
+@requires_comfyui
+@pytest.mark.comfyui
 def test_timed_progress_counts_the_nodes_reports_and_restores_them():
     import comfy.utils
 
