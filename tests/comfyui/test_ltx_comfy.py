@@ -15,6 +15,7 @@ from fast_vae_decode.fastpath.gate import gates_opened
 from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
 from support.comfy_env import comfy_nodes, requires_comfyui
+from support.gated import stock_and_gated
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
 
@@ -83,10 +84,7 @@ def test_installs_into_comfyuis_video_vae(vaes):
 def test_lossless_equals_vae_decode(vaes, shape):
     stock, vae, _ = vaes
     z = _latent(shape)
-    with torch.inference_mode():
-        expected = _decode(stock, z)
-        with gates_opened(vae, False):
-            got = _decode(vae, z)
+    expected, got, _ = stock_and_gated(_decode, stock, vae, z, False)
     assert expected.shape[0] == shape[0] * (8 * shape[2] - 7)
     assert torch.equal(got, expected)
 
@@ -95,11 +93,8 @@ def test_lossless_equals_vae_decode(vaes, shape):
 def test_high_close_to_stock(vaes, shape):
     stock, vae, _ = vaes
     z = _latent(shape)
-    with torch.inference_mode():
-        expected = _decode(stock, z)
-        with gates_opened(vae, True) as stats:
-            got = _decode(vae, z)
-    assert stats[0].fallbacks == {} and stats[0].fused_calls > 0
+    expected, got, stats = stock_and_gated(_decode, stock, vae, z, True)
+    assert stats.fallbacks == {} and stats.fused_calls > 0
     assert torch.isfinite(got).all()
     # fp32 on the CPU: summation orders differ at ~1e-7 relative per layer; images in [0, 1].
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)

@@ -15,6 +15,7 @@ from fast_vae_decode.fastpath.gate import gate_for, gates_opened
 from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
 from support.comfy_env import comfy_nodes, loaded_pack, requires_comfyui
+from support.gated import stock_and_gated
 from support.wan_models import psnr
 
 pytestmark = [requires_comfyui, pytest.mark.comfyui]
@@ -72,10 +73,7 @@ def test_installs_into_comfyuis_wan_vae(vaes, arch):
 def test_lossless_equals_vae_decode(vaes, arch, shape):
     stock, vae, _ = vaes[arch]
     z = _latent(shape)
-    with torch.inference_mode():
-        expected = _decode(stock, z)
-        with gates_opened(vae, False):
-            got = _decode(vae, z)
+    expected, got, _ = stock_and_gated(_decode, stock, vae, z, False)
     assert torch.equal(got, expected)
 
 
@@ -92,11 +90,8 @@ def test_preallocated_loop_equals_the_trees_own_loop_with_fused_modules(vaes, ar
 def test_high_close_to_lossless(vaes, arch, shape):
     stock, vae, _ = vaes[arch]
     z = _latent(shape)
-    with torch.inference_mode():
-        expected = _decode(stock, z)
-        with gates_opened(vae, True) as stats:
-            got = _decode(vae, z)
-    assert stats[0].fallbacks == {} and stats[0].fused_calls > 0
+    expected, got, stats = stock_and_gated(_decode, stock, vae, z, True)
+    assert stats.fallbacks == {} and stats.fused_calls > 0
     # fp32 on the CPU: reduction order and conv kernels differ at ~1e-7 relative per layer;
     # VAEDecode's images are in [0, 1].
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
