@@ -221,7 +221,8 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
 @pytest.mark.parametrize("frames", [5, 2, 1])
 def test_conv3d_as_2d_taps_equals_conv3d(frames):
     """The per-temporal-tap form used for narrow convs on the GPU, checked here on the CPU."""
-    from fast_vae_decode.fastpath.families.wan.ops import CL3D, sum_parts, tap_parts
+    from fast_vae_decode.fastpath.families.wan.ops import tap_parts
+    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
 
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv3d(6, 5, 3)

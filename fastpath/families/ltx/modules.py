@@ -26,7 +26,15 @@ from ...comfyui.weights import bias_of, weight_of, weights_for_call
 from ...fused import FusedModule
 from ...prewarm import tiny_input
 from ...reasons import first_reason, input_reason
-from ..wan.ops import CL3D, add_parts, conv_weight, conv_weights_reason, sum_parts, to_cl, to_cl3d
+from ...video_ops import (
+    CL3D,
+    add_parts,
+    conv_weight,
+    conv_weights_reason,
+    sum_parts,
+    to_cl,
+    to_cl3d,
+)
 from .ops import (
     causal_conv,
     chunked,

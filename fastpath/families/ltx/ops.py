@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ...comfyui.ltx_code import CHUNKED, forward_reason, frames_rule
 from ...comfyui.weights import bias_of
-from ..wan.ops import CL3D, add_parts, conv_weight, to_cl3d
+from ...video_ops import CL3D, add_parts, conv_weight, to_cl3d
 
 Commit = Callable[[], None]
 PAD_MODES = ("zeros", "reflect")

@@ -31,22 +31,17 @@ from ...comfyui.weights import bias_of, is_stable, weight_of, weights_for_call
 from ...conv_routes import CUDNN, conv_route
 from ...fused import FusedModule
 from ...reasons import first_reason, input_reason
+from ...video_ops import CL3D, add_parts, conv_weight, conv_weights_reason, to_cl, to_cl3d
 from .exact import ExactCausalConv3d, ExactRMSNorm
 from .ops import (
-    CL3D,
-    add_parts,
     cache_entry_reason,
     causal_conv3d,
     causal_input,
     conv_parts,
-    conv_weight,
-    conv_weights_reason,
     next_cache,
     norm_reason,
     norm_silu,
     pads,
-    to_cl,
-    to_cl3d,
 )
 
 

@@ -16,47 +16,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, method_code, stock_class
-from ...comfyui.weights import bias_of, comfy_cast_reason, fetch_reason, is_stable, weight_of
+from ...comfyui.weights import bias_of, comfy_cast_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
-from ...reasons import AUTOGRAD
+from ...video_ops import CL3D, add_parts, conv_weight, sum_parts, to_cl3d
 
-CL3D = torch.channels_last_3d
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
 
 
-def to_cl3d(x: torch.Tensor) -> torch.Tensor:
-    return x.contiguous(memory_format=CL3D)
-
-
-def to_cl(x: torch.Tensor) -> torch.Tensor:
-    """Channels-last in the tensor's own rank (4-D images or 5-D video)."""
-    return x.contiguous(memory_format=CL3D if x.dim() == 5 else torch.channels_last)
-
-
 # --- checks --------------------------------------------------------------------------------
-
-
-def conv_weights_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
-    """Per-call: ``F.conv*`` on the conv's raw weights computes what its stock forward does."""
-    reason = fetch_reason(conv, x)
-    if reason is not None:
-        return reason
-    for p in (weight_of(conv), bias_of(conv)):
-        if p is None:
-            continue
-        if p.device != x.device:
-            return f"weights on {p.device}, input on {x.device}"
-        if p.dtype != x.dtype:  # F.conv3d does not mix dtypes; the stock path raises or casts
-            return f"weights in {p.dtype}, input in {x.dtype}"
-        if torch.is_grad_enabled() and p.requires_grad:
-            return AUTOGRAD
-    return None
 
 
 def norm_reason(norm: torch.nn.Module, x: torch.Tensor) -> str | None:
@@ -184,31 +156,6 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
     return y if out is None else out.copy_(y)
 
 
-def add_parts(parts: list[torch.Tensor], bias: torch.Tensor | None,
-              residual: torch.Tensor | None = None) -> torch.Tensor:
-    """``sum(parts) + bias (+ residual)`` in one pass into ``parts[0]`` (torch if declined)."""
-    out = parts[0]
-    if bias_residual_add_(out, bias, residual, addends=tuple(parts[1:])) is not None:
-        return out
-    out = sum_parts(parts, bias)
-    if residual is not None:
-        out += residual
-    return out
-
-
-def conv_weight(conv: torch.nn.Module, fmt: torch.memory_format) -> torch.Tensor:
-    """The conv weight in ``fmt``: built once per weight version, dropped on unload.
-
-    cuDNN runs channels-last activations against a channels-last weight; handing it the
-    contiguous one makes PyTorch convert the weight on every call.
-    """
-    weight = weight_of(conv)
-    if weight.is_contiguous(memory_format=fmt):
-        return weight
-    return cached(conv, f"weight:{fmt}", (weight,), lambda: weight.detach().contiguous(memory_format=fmt),
-                  keep=is_stable(conv))
-
-
 # Narrow 3x3x3 convs (Wan 2.1's 96 channels at full resolution) run faster on an H200 as three
 # 2-D convs, one per temporal tap, over frame views of the same buffer (2.4 vs 3.2 ms for
 # 96->96 at 480x832x4 in bf16); from 192 channels cuDNN's 3-D kernels win. Costs two extra
@@ -283,16 +230,6 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
             # full-resolution activation above stock's (measured +146 MiB, Wan 2.1 480p).
             parts[0] += parts.pop()
     return [p.unsqueeze(0).permute(0, 2, 1, 3, 4) for p in parts]
-
-
-def sum_parts(parts: list[torch.Tensor], bias: torch.Tensor | None) -> torch.Tensor:
-    """``sum(parts) + bias`` in torch, into ``parts[0]`` (where no fused consumer takes them)."""
-    out = parts[0]
-    for part in parts[1:]:
-        out += part
-    if bias is not None:
-        out += bias.reshape(1, -1, 1, 1, 1)
-    return out
 
 
 def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
