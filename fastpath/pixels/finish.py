@@ -24,6 +24,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from .frames import FramesLost
+
 # Per staging buffer: big enough that per-slice overhead is noise (a 480x832 RGB fp32 frame is
 # 4.6 MiB), small enough to pin freely. RING buffers per device, allocated on first use and kept
 # (64 MiB pinned): a streamed Wan chunk (4 frames) is at most RING slices up to 1280x720, so a
@@ -207,8 +209,6 @@ class FrameStream:
         return True
 
     def take(self, chunk: torch.Tensor, start: int) -> None:
-        from .frames import FramesLost
-
         stop = start + chunk.shape[2]
         source = self.source
         if (source is None or start != self.covered or stop > source.shape[2]
