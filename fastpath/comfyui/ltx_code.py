@@ -15,6 +15,10 @@ Kinds met so far:
   each per chunk); ``DepthToSpaceUpsample`` that residual plus whether the first frame has
   been dropped yet. ``Decoder.forward`` clears the state when a decode ends.
 
+  Its ``Decoder.run_up`` also writes each output of the head conv (``conv_out``), unpatchified
+  (which keeps the frame count), into the decode's output buffer at a running offset before
+  the head conv runs again (``OUTPUT_IN_ORDER``).
+
 ``CausalDiffusionVAE`` (``na_diffusion_decoder``, LTX 2.4/2.5, 0.33+) is a different decoder
 altogether (a diffusion decoder); the family recognises it only to say it is not supported.
 """
@@ -33,6 +37,7 @@ VIDEO_VAE = f"{VAE_MODULE}.VideoVAE"
 DIFFUSION_VAE = "comfy.ldm.lightricks.vae.na_diffusion_decoder.CausalDiffusionVAE"
 CAUSAL_CONV = f"{CONV_MODULE}.CausalConv3d"
 RESNET_BLOCK = f"{VAE_MODULE}.ResnetBlock3D"
+DECODER = f"{VAE_MODULE}.Decoder"
 DEPTH_TO_SPACE = f"{VAE_MODULE}.DepthToSpaceUpsample"
 PIXEL_NORM = f"{NORM_MODULE}.PixelNorm"
 
@@ -40,6 +45,9 @@ PIXEL_NORM = f"{NORM_MODULE}.PixelNorm"
 # (per-thread ``temporal_cache_state`` carries frames to the next chunk of the same decode).
 WHOLE = "whole"
 CHUNKED = "chunked"
+# How the decoder hands its frames out: into its output buffer, in order, one head-conv output
+# at a time.
+OUTPUT_IN_ORDER = "output in order"
 
 
 def _key(names: set[str], params: tuple[str, ...]) -> tuple[frozenset, tuple]:
@@ -72,6 +80,14 @@ KNOWN: dict[tuple[str, str], dict[tuple[frozenset, tuple], str]] = {
     (PIXEL_NORM, "forward"): {
         _key({"dim", "eps", "mean", "sqrt", "torch"}, ("x",)): WHOLE,
     },
+    (DECODER, "run_up"): {
+        _key({"UNetMidBlock3D", "causal", "chunk", "conv_act", "conv_norm_out", "conv_out", "copy_",
+              "element_size", "enumerate", "isinstance", "len", "mark_conv3d_ended", "numel",
+              "patch_size", "run_up", "shape", "timestep_conditioning", "torch", "unpatchify",
+              "up_blocks"},
+             ("idx", "sample_ref", "ended", "timestep_shift_scale", "scaled_timestep",
+              "checkpoint_fn", "output_buffer", "output_offset", "max_chunk_size")): OUTPUT_IN_ORDER,
+    },
 }
 
 
@@ -81,13 +97,19 @@ def qualified(cls: type) -> str:
 
 def frames_rule(module: object) -> str | None:
     """WHOLE / CHUNKED for a known stock ``forward`` of ``module``; None when not known code."""
-    return _rule(stock_class(module))
+    return _rule(stock_class(module), "forward")
+
+
+def writes_output_in_order(decoder: object) -> bool:
+    """Whether ``decoder`` (a ``Decoder``) is the known code that writes each head-conv output
+    into its output buffer, in order, before running the head conv again."""
+    return _rule(stock_class(decoder), "run_up") == OUTPUT_IN_ORDER
 
 
 @functools.lru_cache(maxsize=None)
-def _rule(cls: type) -> str | None:
-    table = KNOWN.get((qualified(cls), "forward"))
-    code = getattr(getattr(cls, "forward", None), "__code__", None)
+def _rule(cls: type, method: str) -> str | None:
+    table = KNOWN.get((qualified(cls), method))
+    code = getattr(getattr(cls, method, None), "__code__", None)
     if table is None or code is None:
         return None
     params = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]

@@ -4,7 +4,7 @@ The same steps as ComfyUI's non-tiled ``VAE.decode`` (model load with the same m
 skipped where ComfyUI's own state shows it would change nothing (``comfyui.loading``),
 the same batch split, the same ``first_stage_model.decode`` and ``process_output``), except that
 ``process_output`` runs on the VAE's device and the finished pixels are copied to host memory
-once (``fastpath.pixel_finish``); a Wan 2.1 decode streams its frames there while it runs.
+once (``fastpath.pixel_finish``); a Wan or LTX decode streams its frames there while it runs.
 The result is ``torch.equal`` to ``vae.decode``'s, laid out as ``VAEDecode`` returns it.
 Anything else, and any out-of-memory, goes to ``vae.decode`` itself, which keeps ComfyUI's own
 tiled retry.
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..comfyui.loading import load_for_decode
+from ..gate import existing_gate
 from ..install import find_family
 from ..log import log_once
 from ..progress import advance, nested
@@ -32,7 +33,7 @@ SLICE_UNITS = 100
 class PixelSettings:
     """How decoded pixels reach host memory; flipped by the benchmark to measure the choice."""
 
-    # The pack finishes pixels on the GPU and copies them once (Wan 2.1 frames stream while the
+    # The pack finishes pixels on the GPU and copies them once (video frames stream while the
     # decoder runs); False leaves the output handling to ComfyUI's own ``VAE.decode``.
     device_finish: bool = True
 
@@ -131,12 +132,17 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
                     pixels = torch.empty(shape, dtype=torch.float32, device=vae.output_device)
                 return pixels[start:start + items]
 
-            # A Wan 2.1 decode hands over each chunk of frames as it is done; anything else
-            # is finished from the returned output.
+            # A Wan decode hands over each chunk of frames as it is done, an LTX decode says
+            # when it has written them to its output buffer; anything else is finished from
+            # the returned output.
             stream = FrameStream(vae.process_output, dest_for)
             try:
+                output = _device_output(vae, z)
+                if output:
+                    stream.watch(output["output_buffer"])
                 with frames_to(stream), nested(start // per_pass, SLICE_UNITS, passes):
-                    out = vae.first_stage_model.decode(z, **_device_output(vae, z))
+                    out = vae.first_stage_model.decode(z, **output)
+                del output
                 streamed = stream.complete(out)
             finally:
                 stream.close()
@@ -163,10 +169,15 @@ def _device_output(vae, z: torch.Tensor) -> dict:
     copies every chunk to ComfyUI's intermediate device (the CPU) itself. In the decoder's dtype,
     which the pixel finish turns to fp32 exactly as ComfyUI's own fp32 buffer would hold it;
     under another output dtype (fp16 intermediates, which rounds) or beyond
-    ``DEVICE_OUTPUT_MAX_BYTES`` the model keeps its own."""
+    ``DEVICE_OUTPUT_MAX_BYTES`` the model keeps its own.
+
+    Only for a fused decode (an open gate): its activations leave room for the buffer under
+    stock's peak; a stock-module decode (lossless) has no such room, so it keeps ComfyUI's."""
     model = vae.first_stage_model
+    gate = existing_gate(model)
     output_dtype = getattr(vae, "vae_output_dtype", None)
-    if (not getattr(model, "comfy_has_chunked_io", False) or not callable(output_dtype)
+    if (gate is None or not gate.is_open
+            or not getattr(model, "comfy_has_chunked_io", False) or not callable(output_dtype)
             or output_dtype() != torch.float32 or not hasattr(model, "decode_output_shape")):
         return {}
     shape = model.decode_output_shape(z.shape)

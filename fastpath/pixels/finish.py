@@ -175,16 +175,18 @@ def finish_pixels(out: torch.Tensor, finish: Finish, dest: torch.Tensor) -> None
 
 
 class FrameStream:
-    """Finishes a video decode's frames as its loop hands them over (a ``frames.FrameSink``).
+    """Finishes a video decode's frames as its loop hands them over (a ``frames.FrameSink``), or
+    as its decoder writes them into an output buffer (a ``frames.BufferSink``).
 
     ``begin`` allocates the host pixels (``dest_for`` of a stand-in shaped like the output) and
     takes every frame; each ``take``n chunk is finished on a side stream once the GPU has
     produced it, while the GPU decodes the next (the chunk's memory stays claimed by that
     stream until its copies are done), and the loop keeps no whole output on the device.
-    Without a free staging ring (a CPU decode, another decode holding it) chunks are finished
-    where they stand. After the decode ``complete(result)`` says whether ``dest`` holds every
-    frame of ``result``; if not, the caller finishes ``result`` itself. ``close()`` must run in
-    every case: it waits for copies in flight.
+    ``watch(buffer)`` begins for a decoder's output buffer instead: each ``next_write`` takes
+    the frames written before it. Without a free staging ring (a CPU decode, another decode
+    holding it) chunks are finished where they stand. After the decode ``complete(result)``
+    says whether ``dest`` holds every frame of ``result``; if not, the caller finishes
+    ``result`` itself. ``close()`` must run in every case: it waits for copies in flight.
     """
 
     def __init__(self, finish: Finish, dest_for: Callable[[torch.Tensor], torch.Tensor]):
@@ -195,6 +197,8 @@ class FrameStream:
         self.covered = 0
         self._copier: _Copier | None = None
         self._release: Callable[[], None] | None = None
+        self.buffer: torch.Tensor | None = None  # the watched output buffer
+        self.queued = 0  # frames of ``buffer`` written once the queued work is done
 
     def begin(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
         if self.source is not None or len(shape) != 5:
@@ -229,6 +233,21 @@ class FrameStream:
     def result(self) -> torch.Tensor:
         return self.source
 
+    def watch(self, buffer: torch.Tensor) -> bool:
+        """Take the frames of ``buffer`` (B, C, T, H, W), which the decoder fills in order, as
+        ``next_write`` says they are written; False (nothing watched) where ``begin`` declines."""
+        if not self.begin(tuple(buffer.shape), buffer.dtype, buffer.device):
+            return False
+        self.buffer = buffer
+        return True
+
+    def next_write(self, frames: int) -> None:
+        if self.buffer is None:
+            return
+        if self.queued > self.covered:
+            self.take(self.buffer[:, :, self.covered:self.queued], self.covered)
+        self.queued += frames
+
     def _open(self, device: torch.device) -> None:
         if device.type != "cuda" or self.dest.is_cuda:
             return
@@ -241,7 +260,17 @@ class FrameStream:
         self._copier = _Copier(staging, torch.cuda.Stream(device))
 
     def complete(self, result: torch.Tensor) -> bool:
-        self.close()
+        try:
+            if self.buffer is not None and result is self.buffer:
+                # Every write is queued now. Frames taken early were final only if the writes
+                # announced add up to the buffer (otherwise the decoder wrote some other way).
+                if self.queued != result.shape[2]:
+                    raise FramesLost(f"{self.queued} frames announced for an output of "
+                                     f"{result.shape[2]}")
+                self.next_write(0)
+                return self.covered == result.shape[2]
+        finally:
+            self.close()
         return (self.source is not None and result is self.source
                 and self.covered == result.shape[2])
 

@@ -135,6 +135,34 @@ def test_chunked_decode_high_close_and_lossless_exact(vaes, monkeypatch, chunk_b
     torch.testing.assert_close(high, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_pixel_output_takes_frames_as_the_decoder_writes_them(vaes, monkeypatch):
+    """0.33+: a fused decode writes into the pack's output buffer, and the head conv says when
+    each chunk is written, so the finished pixels leave while later chunks decode: the same
+    pixels as ComfyUI's own decode of the same fused modules. Older trees write no buffer."""
+    import comfy.ldm.lightricks.vae.causal_video_autoencoder as cva
+
+    from fast_vae_decode.fastpath.pixels import decode as pixel_decode
+    from fast_vae_decode.fastpath.pixels import finish as pixel_finish
+
+    _, vae, _ = vaes
+    assert vae.first_stage_model.decoder.conv_out._fvd_writes_output == _chunked_tree()
+    if not _chunked_tree():
+        pytest.skip("this tree's LTX decoder writes no output buffer")
+    monkeypatch.setattr(cva, "get_max_chunk_size", lambda device: 50_000)
+    starts, answers = [], []
+    take, complete = pixel_finish.FrameStream.take, pixel_finish.FrameStream.complete
+    monkeypatch.setattr(pixel_finish.FrameStream, "take",
+                        lambda self, chunk, start: (starts.append(start), take(self, chunk, start)))
+    monkeypatch.setattr(pixel_finish.FrameStream, "complete",
+                        lambda self, out: answers.append(complete(self, out)) or answers[-1])
+    z = _latent((1, 128, 3, 2, 3), seed=2)
+    with torch.inference_mode(), gates_opened(vae, True):
+        expected = _decode(vae, z)
+        pixels = _seeded(pixel_decode._decode_with_device_finish, vae, z)
+    assert answers == [True] and len(starts) > 2 and starts == sorted(starts)
+    assert torch.equal(pixels.reshape(expected.shape), expected)
+
+
 def test_node_lossless_exact_and_high_all_fused(pack, node_vaes):
     stock, vae = node_vaes
     z = _latent(SHAPES[0])

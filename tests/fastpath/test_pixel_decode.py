@@ -138,22 +138,75 @@ def test_wan_loop_with_a_chunk_off_plan_says_its_frames_are_lost():
 
 def test_device_output_buffer_only_where_comfyuis_own_holds_the_same_values(monkeypatch):
     """A chunked-output model (LTX's VideoVAE) gets its output buffer on the VAE's device in the
-    decoder's dtype when ComfyUI's own buffer would be fp32, and within the size limit."""
+    decoder's dtype when ComfyUI's own buffer would be fp32, within the size limit, and only
+    for a fused decode (a stock-module decode has no memory to spare for it)."""
     import types
 
+    from fast_vae_decode.fastpath.gate import gate_for
     from fast_vae_decode.fastpath.pixels import decode as pixel_decode
 
-    model = types.SimpleNamespace(comfy_has_chunked_io=True,
-                                  decode_output_shape=lambda s: (s[0], 3, 9, 32, 32))
+    model = torch.nn.Module()
+    model.comfy_has_chunked_io = True
+    model.decode_output_shape = lambda s: (s[0], 3, 9, 32, 32)
     z = torch.zeros(1, 128, 2, 1, 1, dtype=torch.bfloat16)
 
     def vae(dtype):
         return types.SimpleNamespace(first_stage_model=model, vae_output_dtype=lambda: dtype)
 
-    buf = pixel_decode._device_output(vae(torch.float32), z)["output_buffer"]
-    assert buf.shape == (1, 3, 9, 32, 32) and buf.dtype == torch.bfloat16 and buf.device == z.device
-    assert pixel_decode._device_output(vae(torch.float16), z) == {}  # stock rounds to fp16 there
-    monkeypatch.setattr(pixel_decode, "DEVICE_OUTPUT_MAX_BYTES", 1000)
-    assert pixel_decode._device_output(vae(torch.float32), z) == {}
-    model.comfy_has_chunked_io = False
-    assert pixel_decode._device_output(vae(torch.float32), z) == {}
+    assert pixel_decode._device_output(vae(torch.float32), z) == {}  # no gate yet
+    with gate_for(model).opened(False):
+        assert pixel_decode._device_output(vae(torch.float32), z) == {}  # lossless
+    with gate_for(model).opened(True):
+        buf = pixel_decode._device_output(vae(torch.float32), z)["output_buffer"]
+        assert buf.shape == (1, 3, 9, 32, 32) and buf.dtype == torch.bfloat16 and buf.device == z.device
+        assert pixel_decode._device_output(vae(torch.float16), z) == {}  # stock rounds to fp16 there
+        monkeypatch.setattr(pixel_decode, "DEVICE_OUTPUT_MAX_BYTES", 1000)
+        assert pixel_decode._device_output(vae(torch.float32), z) == {}
+        monkeypatch.undo()
+        model.comfy_has_chunked_io = False
+        assert pixel_decode._device_output(vae(torch.float32), z) == {}
+
+
+# --- a watched output buffer (FrameStream as a BufferSink: LTX on ComfyUI 0.33) -------------
+
+
+def _write_in_chunks(stream, final, buffer, sizes, announced=None):
+    """What the decoder and its head conv do: announce a chunk, then write it."""
+    pos = 0
+    for n, said in zip(sizes, announced or sizes, strict=True):
+        stream.next_write(said)
+        buffer[:, :, pos:pos + n].copy_(final[:, :, pos:pos + n])
+        pos += n
+
+
+def test_frame_stream_takes_a_watched_buffer_as_the_decoder_writes_it(monkeypatch):
+    monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 3 * 8 * 12 * 4)
+    final = _decoded((1, 3, 9, 8, 12))
+    buffer = torch.zeros_like(final)  # frames taken before their write would finish zeros
+    dest = torch.full((1, 9, 8, 12, 3), float("nan"))
+    starts = []
+
+    class Recording(pixel_finish.FrameStream):
+        def take(self, chunk, start):
+            starts.append(start)
+            super().take(chunk, start)
+
+    stream = Recording(_comfy_finish, lambda out: dest)
+    assert stream.watch(buffer)
+    _write_in_chunks(stream, final, buffer, [1, 4, 0, 4])
+    assert starts == [0, 1]  # the first two chunks went while the last was still to come
+    assert stream.complete(buffer) and starts == [0, 1, 5]
+    assert torch.equal(dest, _reference(final))
+
+
+def test_frame_stream_watching_a_buffer_loses_frames_when_writes_do_not_add_up():
+    from fast_vae_decode.fastpath.pixels.frames import FramesLost
+
+    final = _decoded((1, 3, 9, 4, 4))
+    buffer = torch.zeros_like(final)
+    stream = _stream_into(torch.empty(1, 9, 4, 4, 3))
+    assert stream.watch(buffer)
+    _write_in_chunks(stream, final, buffer, [1, 4, 4], announced=[1, 4, 3])
+    with pytest.raises(FramesLost, match="8 frames announced"):
+        stream.complete(buffer)
+    assert not _stream_into(torch.empty(1, 9, 4, 4, 3)).complete(buffer)  # never watched

@@ -38,6 +38,7 @@ def _stream_into(dest):
 CASES = [
     ("sdxl", (2, 4, 8, 8)),  # batch 2: the loop's batch split is exercised below
     ("wan21", (1, 16, 3, 4, 6)),  # 3 latent frames -> 9 video frames
+    ("wan22", (1, 48, 3, 4, 6)),  # streamed too: each chunk unpatchified on its own
 ]
 
 

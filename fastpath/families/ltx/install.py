@@ -33,6 +33,7 @@ from ...comfyui.ltx_code import (
     VAE_MODULE,
     VIDEO_VAE,
     forward_reason,
+    writes_output_in_order,
 )
 from ...contract import Family, InstallReport, register_family
 from ...reasons import first_reason
@@ -143,8 +144,9 @@ def depth_to_space_reason(m) -> str | None:
 # --- install -------------------------------------------------------------------------------
 
 
-def _swap(report: InstallReport, path: str, m, mixin, reason: str | None, gate, channels) -> None:
-    report.record(path, reason or swap_reason(m, mixin, _fvd_gate=gate, _fvd_channels=channels))
+def _swap(report: InstallReport, path: str, m, mixin, reason: str | None, gate, channels,
+          **attrs) -> None:
+    report.record(path, reason or swap_reason(m, mixin, _fvd_gate=gate, _fvd_channels=channels, **attrs))
 
 
 def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
@@ -157,6 +159,8 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
         report.reason = reason
         return
     head = getattr(decoder, "conv_norm_out", None)
+    head_conv = getattr(decoder, "conv_out", None)
+    writes_in_order = writes_output_in_order(decoder)
     head_channels = getattr(getattr(getattr(decoder, "conv_out", None), "conv", None), "in_channels", None)
     for path, m in decoder.named_modules(prefix="decoder"):
         if is_a(m, RESNET_BLOCK):
@@ -166,7 +170,7 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
                   m.conv.conv.in_channels)
         elif is_a(m, CAUSAL_CONV):
             _swap(report, path, m, FusedLTXCausalConv3d, causal_conv_static_reason(m), gate,
-                  m.conv.in_channels)
+                  m.conv.in_channels, _fvd_writes_output=m is head_conv and writes_in_order)
         elif m is head and is_a(m, PIXEL_NORM):
             reason = pixel_norm_reason(m) or (None if head_channels else "head width unknown")
             _swap(report, path, m, FusedLTXPixelNorm, reason, gate, head_channels)

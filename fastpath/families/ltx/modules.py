@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ...comfyui.weights import bias_of, weight_of, weights_for_call
 from ...fused import FusedModule
+from ...pixels.frames import BufferSink, frames_sink
 from ...prewarm import tiny_input
 from ...reasons import first_reason, input_reason
 from ...video_ops import (
@@ -115,7 +116,20 @@ class _Prewarmed(FusedModule):
 
 class FusedLTXCausalConv3d(_Prewarmed):
     """A ``CausalConv3d`` (decoder ``conv_in``/``conv_out``; the ones inside fused blocks and
-    upsamplers are run by those directly): ``ops.causal_conv`` plus its bias."""
+    upsamplers are run by those directly): ``ops.causal_conv`` plus its bias.
+
+    The decoder's head conv of code that writes each head output into the decode's output
+    buffer, in order (``_fvd_writes_output``, set at install), tells the pixel output's
+    ``BufferSink`` after each call, fused or stock, how many frames the decoder writes next."""
+
+    _fvd_writes_output = False
+
+    def forward(self, *args, **kwargs):
+        out = super().forward(*args, **kwargs)
+        sink = frames_sink() if self._fvd_writes_output else None
+        if isinstance(sink, BufferSink) and isinstance(out, torch.Tensor):
+            sink.next_write(out.shape[2])
+        return out
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
         if len(args) > 1:

@@ -241,12 +241,15 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
         extra = {"first_chunk": True} if wan22 and i == 0 else {}
         return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
 
-    # Wan 2.2 rearranges the whole output afterwards (unpatchify): its frames are final only then.
-    out = assemble_frames(step, z.shape[2], None if wan22 else _sink_for(model))
-    if wan22:
-        patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
-        out = module.unpatchify(out, patch_size=patch)
-    return out
+    if not wan22:
+        return assemble_frames(step, z.shape[2], _sink_for(model))
+    # Wan 2.2 rearranges its output afterwards (unpatchify), a rearrangement within each frame:
+    # ComfyUI's own unpatchify of a chunk is those frames of the unpatchified whole, so the
+    # chunks go to the sink unpatchified one by one and the whole output is never formed.
+    patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
+    unpatched = _Unpatchified(_sink_for(model), lambda t: module.unpatchify(t, patch_size=patch))
+    out = assemble_frames(step, z.shape[2], unpatched if unpatched.sink is not None else None)
+    return out if unpatched.taking else module.unpatchify(out, patch_size=patch)
 
 
 def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
@@ -265,6 +268,29 @@ def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
         return model.decoder(chunk, feat_cache=feat_map, feat_idx=[0])
 
     return assemble_chunk_lists(step, sizes, _sink_for(model))
+
+
+class _Unpatchified:
+    """A ``FrameSink`` in front of ``sink`` that hands it each chunk through ``unpatchify`` (a
+    rearrangement within frames, so frame counts and positions stay)."""
+
+    def __init__(self, sink: FrameSink | None, unpatchify: Callable[[torch.Tensor], torch.Tensor]):
+        self.sink = sink
+        self.unpatchify = unpatchify
+        self.taking = False
+
+    def begin(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> bool:
+        out = self.unpatchify(torch.empty(shape, dtype=dtype, device="meta"))
+        if out.shape[2] != shape[2]:
+            return False
+        self.taking = self.sink.begin(tuple(out.shape), dtype, device)
+        return self.taking
+
+    def take(self, chunk: torch.Tensor, start: int) -> None:
+        self.sink.take(self.unpatchify(chunk), start)
+
+    def result(self) -> torch.Tensor:
+        return self.sink.result()
 
 
 def _sink_for(model) -> FrameSink | None:
