@@ -87,6 +87,12 @@ def decode_pixels(vae, latent: torch.Tensor) -> torch.Tensor:
         log_once(f"pixel_decode:{reason}", f"pixels finished by ComfyUI's VAE.decode: {reason}",
                  logging.DEBUG)
         return vae.decode(latent)
+    if (getattr(vae.first_stage_model, "comfy_has_chunked_io", False)
+            and _device_output_shape(vae, latent.shape, vae.vae_dtype) is None):
+        # The decoder writes its frames to host memory itself; the pack would add nothing.
+        log_once("pixel_decode:own_output", "pixels written to host memory by the decoder "
+                 "itself (no GPU output buffer for this decode): ComfyUI's VAE.decode", logging.DEBUG)
+        return vae.decode(latent)
     try:
         pixels = _decode_with_device_finish(vae, latent)
     except FramesLost as lost:
@@ -173,14 +179,23 @@ def _device_output(vae, z: torch.Tensor) -> dict:
 
     Only for a fused decode (an open gate): its activations leave room for the buffer under
     stock's peak; a stock-module decode (lossless) has no such room, so it keeps ComfyUI's."""
+    shape = _device_output_shape(vae, z.shape, z.dtype)
+    if shape is None:
+        return {}
+    return {"output_buffer": torch.empty(shape, dtype=z.dtype, device=z.device)}
+
+
+def _device_output_shape(vae, latent_shape, dtype: torch.dtype) -> tuple[int, ...] | None:
+    """The shape of ``_device_output``'s buffer for a latent of ``latent_shape`` decoded in
+    ``dtype``; None where the model keeps its own output."""
     model = vae.first_stage_model
     gate = existing_gate(model)
     output_dtype = getattr(vae, "vae_output_dtype", None)
     if (gate is None or not gate.is_open
             or not getattr(model, "comfy_has_chunked_io", False) or not callable(output_dtype)
             or output_dtype() != torch.float32 or not hasattr(model, "decode_output_shape")):
-        return {}
-    shape = model.decode_output_shape(z.shape)
-    if math.prod(shape) * z.element_size() > DEVICE_OUTPUT_MAX_BYTES:
-        return {}
-    return {"output_buffer": torch.empty(shape, dtype=z.dtype, device=z.device)}
+        return None
+    shape = tuple(model.decode_output_shape(tuple(latent_shape)))
+    if math.prod(shape) * dtype.itemsize > DEVICE_OUTPUT_MAX_BYTES:
+        return None
+    return shape

@@ -8,8 +8,9 @@ more into frames. On an H200 host that tail took 128 ms for 33 frames of 480x832
 steps give the same bits on either device (IEEE add, divide, clamp; bf16/fp16 -> fp32 is exact),
 so here they run on the GPU slice by slice and the finished pixels, already in
 (B, *spatial, C) order, cross to host memory once: 15 ms for those 33 frames, 37 ms for 81.
-``FrameStream`` goes further for the Wan decode loop: each chunk of frames crosses on a side
-stream while the GPU decodes the next chunk, and the whole output is never held on the GPU.
+``FrameStream`` goes further for video decodes: each chunk of frames crosses on a side stream,
+driven by a worker thread, while the GPU decodes the next chunk, and (Wan) the whole output is
+never held on the GPU.
 
 Pageable host memory is the destination (the IMAGE a workflow keeps is ordinary memory); the
 copy goes through a ring of small pinned buffers, so the GPU->host transfer of one slice overlaps
@@ -19,6 +20,8 @@ for the life of the process.
 """
 from __future__ import annotations
 
+import contextlib
+import queue
 import threading
 from typing import Callable, Iterator
 
@@ -154,6 +157,56 @@ class _Copier:
             self._drain((self.next + k) % RING)
 
 
+class _CopyThread:
+    """A copier (``_Copier``) driven by a worker thread: ``put`` only queues, so the decoding
+    thread never waits for the GPU or copies host memory while it could be launching the next
+    chunk's kernels (waiting there drained the GPU's queue once per chunk, and the host copy of
+    a fresh destination, page faults included, ran while the GPU idled).
+
+    The worker keeps each queued slice referenced until its kernels are queued on the copier's
+    stream, so the slice's memory (``record_stream``-ed to that stream by the caller) is freed
+    only after them. It runs in the grad and inference mode of the thread that made it (the
+    host pixels are inference tensors under ComfyUI's ``inference_mode``). A failure there
+    is raised by ``flush`` as ``FramesLost``: frames may be missing from the destination.
+    """
+
+    def __init__(self, copier, device: torch.device | None = None):
+        self.copier = copier
+        self.device = device
+        self.modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="fast_vae_decode frame copier",
+                                       daemon=True)
+        self.thread.start()
+
+    def put(self, *item) -> None:
+        self.queue.put(item)
+
+    def _run(self) -> None:
+        grad, inference = self.modes
+        device = torch.cuda.device(self.device) if self.device is not None else contextlib.nullcontext()
+        with device, torch.inference_mode(inference), torch.set_grad_enabled(grad):
+            while (item := self.queue.get()) is not None:
+                if self.error is None:
+                    try:
+                        self.copier.put(*item)
+                    except BaseException as exc:  # noqa: BLE001 - handed to the decoding thread
+                        self.error = exc
+                del item
+            if self.error is None:
+                try:
+                    self.copier.flush()
+                except BaseException as exc:  # noqa: BLE001
+                    self.error = exc
+
+    def flush(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise FramesLost(f"copying frames to host memory failed: {self.error!r}") from self.error
+
+
 def finish_pixels(out: torch.Tensor, finish: Finish, dest: torch.Tensor) -> None:
     """``dest[:] = finish(out.float()).movedim(1, -1)``, computed on ``out``'s device.
 
@@ -195,7 +248,7 @@ class FrameStream:
         self.source: torch.Tensor | None = None  # the output's stand-in (meta device)
         self.dest: torch.Tensor | None = None
         self.covered = 0
-        self._copier: _Copier | None = None
+        self._copier: _CopyThread | None = None
         self._release: Callable[[], None] | None = None
         self.buffer: torch.Tensor | None = None  # the watched output buffer
         self.queued = 0  # frames of ``buffer`` written once the queued work is done
@@ -226,9 +279,9 @@ class FrameStream:
             return
         ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(chunk.device))
-        chunk.record_stream(self._copier.stream)  # its memory is read there after the loop drops it
+        chunk.record_stream(self._copier.copier.stream)  # read there after the loop drops it
         for src, target in pieces:
-            self._copier.put(src, target, self.finish, after=ready)
+            self._copier.put(src, target, self.finish, ready)
 
     def result(self) -> torch.Tensor:
         return self.source
@@ -257,7 +310,7 @@ class FrameStream:
         if staging is None or not staging.lock.acquire(blocking=False):
             return
         self._release = staging.lock.release
-        self._copier = _Copier(staging, torch.cuda.Stream(device))
+        self._copier = _CopyThread(_Copier(staging, torch.cuda.Stream(device)), device)
 
     def complete(self, result: torch.Tensor) -> bool:
         try:

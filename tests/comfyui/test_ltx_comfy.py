@@ -163,6 +163,25 @@ def test_pixel_output_takes_frames_as_the_decoder_writes_them(vaes, monkeypatch)
     assert torch.equal(pixels.reshape(expected.shape), expected)
 
 
+def test_lossless_decode_leaves_the_output_to_comfyui(vaes, monkeypatch):
+    """0.33+: a stock-module decode gets no GPU output buffer (its peak has no room for one),
+    so ComfyUI's own ``VAE.decode`` writes the frames to host memory, as stock."""
+    if not _chunked_tree():
+        pytest.skip("this tree's LTX decoder writes no output buffer")
+    from fast_vae_decode.fastpath.pixels import decode as pixel_decode
+
+    stock, vae, _ = vaes
+    monkeypatch.setattr(pixel_decode, "device_finish_reason", lambda vae, latent: None)
+    monkeypatch.setattr(pixel_decode, "_decode_with_device_finish",
+                        lambda *args: pytest.fail("the pack's own output loop ran"))
+    z = _latent((1, 128, 2, 2, 3), seed=4)
+    with torch.inference_mode():
+        expected = _decode(stock, z)
+        with gates_opened(vae, False):
+            images = _seeded(pixel_decode.decode_pixels, vae, z)
+    assert torch.equal(images.reshape(expected.shape), expected)
+
+
 def test_node_lossless_exact_and_high_all_fused(pack, node_vaes):
     stock, vae = node_vaes
     z = _latent(SHAPES[0])

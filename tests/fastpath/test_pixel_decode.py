@@ -210,3 +210,53 @@ def test_frame_stream_watching_a_buffer_loses_frames_when_writes_do_not_add_up()
     with pytest.raises(FramesLost, match="8 frames announced"):
         stream.complete(buffer)
     assert not _stream_into(torch.empty(1, 9, 4, 4, 3)).complete(buffer)  # never watched
+
+
+# --- the copy thread behind FrameStream on the GPU -------------------------------------------
+
+
+class _FakeCopier:
+    """Stands in for ``_Copier`` (which needs CUDA): records where and how each put ran."""
+
+    def __init__(self, fail_at=None):
+        self.calls, self.flushed, self.fail_at = [], False, fail_at
+
+    def put(self, src, target, finish, after):
+        import threading
+
+        if len(self.calls) == self.fail_at:
+            raise RuntimeError("simulated copy failure")
+        target.copy_(finish(src))  # an in-place write, as the real copier's host copy
+        self.calls.append((threading.current_thread().name, torch.is_inference_mode_enabled()))
+
+    def flush(self):
+        self.flushed = True
+
+
+def test_copy_thread_copies_in_order_off_the_decoding_thread_in_its_mode():
+    import threading
+
+    with torch.inference_mode():  # ComfyUI decodes under it; its host pixels are inference tensors
+        dest = torch.zeros(4, 3)
+        thread = pixel_finish._CopyThread(_FakeCopier())
+        for i in range(4):
+            thread.put(torch.full((3,), float(i)), dest[i], lambda x: x + 1, None)
+        thread.flush()
+    assert torch.equal(dest, torch.arange(1.0, 5.0)[:, None].expand(4, 3))
+    calls = thread.copier.calls
+    assert len(calls) == 4 and all(inference for _, inference in calls)
+    assert {name for name, _ in calls} == {"fast_vae_decode frame copier"} != {threading.current_thread().name}
+    assert thread.copier.flushed and not thread.thread.is_alive()
+
+
+def test_copy_thread_failure_says_frames_are_lost():
+    from fast_vae_decode.fastpath.pixels.frames import FramesLost
+
+    dest = torch.zeros(3, 2)
+    thread = pixel_finish._CopyThread(_FakeCopier(fail_at=1))
+    for i in range(3):
+        thread.put(torch.ones(2), dest[i], lambda x: x, None)
+    with pytest.raises(FramesLost, match="simulated copy failure"):
+        thread.flush()
+    assert len(thread.copier.calls) == 1  # nothing after the failure is copied
+    assert not thread.thread.is_alive()
