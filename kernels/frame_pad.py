@@ -99,26 +99,29 @@ def frame_pad(x: torch.Tensor, front: torch.Tensor | None, n_front: int, n_back:
     rows = b * t_out * h_out * w_out
     block_c = pow2(c)
     block_p = max(1, TILE_ELEMENTS // block_c)
-    src = front if front is not None else x  # unread without a front tensor (HAS_FRONT)
+    src = front if front is not None else x  # unread without a front tensor (HAS_FRONT 0)
     grid = (-(-rows // block_p),)
     with on_device(x.device):
         launch(_frame_pad_kernel, grid,
                out, x, src, rows, c, t, h, w, t_out, h_out, w_out, n_front, ph, pw,
                x.stride(0), x.stride(2), x.stride(3), x.stride(4),
-               src.stride(0), src.stride(2), src.stride(3), src.stride(4),
-               HAS_FRONT=front is not None, BLOCK_P=block_p, BLOCK_C=block_c,
-               num_warps=NUM_WARPS)
+               src.stride(0), src.stride(2), src.stride(3), src.stride(4), int(front is not None),
+               BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS)
     return out
 
 
 if triton is not None:
 
+    # Sizes, padding and flags are unspecialised: one compilation per (dtype, BLOCK_C) serves
+    # every conv and chunk of a decoder (the first-decode warm-up compiles it on a tiny input
+    # of one frame without cached frames; a chunk with them must not need another variant).
+    # C and the strides keep Triton's divisibility specialisation: it vectorises the rows.
     @triton.jit(do_not_specialize=["ROWS", "T", "H", "W", "T_OUT", "H_OUT", "W_OUT", "N_FRONT",
-                                   "PH", "PW", "XSB", "XST", "XSH", "XSW", "FSB", "FST", "FSH", "FSW"])
+                                   "PH", "PW", "HAS_FRONT"])
     def _frame_pad_kernel(
         out_ptr, x_ptr, front_ptr, ROWS, C, T, H, W, T_OUT, H_OUT, W_OUT, N_FRONT, PH, PW,
-        XSB, XST, XSH, XSW, FSB, FST, FSH, FSW,
-        HAS_FRONT: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        XSB, XST, XSH, XSW, FSB, FST, FSH, FSW, HAS_FRONT,
+        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
         cols = tl.arange(0, BLOCK_C)
@@ -137,14 +140,11 @@ if triton is not None:
         wi = tl.where(wi >= W, 2 * (W - 1) - wi, wi)
         ti = tl.minimum(tl.maximum(fo - N_FRONT, 0), T - 1)  # front copies x[0], back x[T-1]
         x_off = bo * XSB + ti * XST + hi * XSH + wi * XSW
-        if HAS_FRONT:
-            in_front = fo < N_FRONT
-            f_off = bo * FSB + fo * FST + hi * FSH + wi * FSW
-            v_front = tl.load(front_ptr + f_off[:, None] + cols[None, :],
-                              mask=mask & in_front[:, None], other=0.0)
-            v_x = tl.load(x_ptr + x_off[:, None] + cols[None, :],
-                          mask=mask & ~in_front[:, None], other=0.0)
-            v = tl.where(in_front[:, None], v_front, v_x)
-        else:
-            v = tl.load(x_ptr + x_off[:, None] + cols[None, :], mask=mask, other=0.0)
+        in_front = (fo < N_FRONT) & (HAS_FRONT != 0)
+        f_off = bo * FSB + fo * FST + hi * FSH + wi * FSW
+        v_front = tl.load(front_ptr + f_off[:, None] + cols[None, :],
+                          mask=mask & in_front[:, None], other=0.0)
+        v_x = tl.load(x_ptr + x_off[:, None] + cols[None, :],
+                      mask=mask & ~in_front[:, None], other=0.0)
+        v = tl.where(in_front[:, None], v_front, v_x)
         tl.store(out_ptr + rows[:, None] * C + cols[None, :], v, mask=mask)
