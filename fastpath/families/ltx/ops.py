@@ -22,7 +22,6 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from ....kernels.frame_pad import frame_pad
 from ...comfyui.ltx_code import CHUNKED, forward_reason, frames_rule
 from ...comfyui.weights import bias_of
 from ...video_ops import CL3D, add_parts, conv_weight, to_cl3d
@@ -76,15 +75,31 @@ def causal_conv_static_reason(conv: torch.nn.Module) -> str | None:
 def _assemble(x: torch.Tensor, front: torch.Tensor | None, n_front: int, n_back: int,
               pad_hw: tuple[int, int], reflect: bool) -> torch.Tensor:
     """The conv input: ``front`` frames (or ``n_front`` copies of x's first frame), x, and
-    ``n_back`` copies of its last frame, in one channels-last-3d buffer written in one pass
-    (``frame_pad``); with ``reflect`` the spatial borders are filled by reflection (as
-    ``padding_mode="reflect"``), otherwise the convolution's own zero padding is used. Returns x
-    itself when nothing is added."""
+    ``n_back`` copies of its last frame, in one channels-last-3d buffer; with ``reflect`` the
+    spatial borders are filled by reflection (as ``padding_mode="reflect"``), otherwise the
+    convolution's own zero padding is used. Returns x itself when nothing is added."""
     n_front = front.shape[2] if front is not None else n_front
     ph, pw = pad_hw if reflect else (0, 0)
     if not (n_front or n_back or ph or pw):
         return x
-    return frame_pad(x, front, n_front, n_back, ph, pw)
+    b, c, t, h, w = x.shape
+    buf = torch.empty((b, c, n_front + t + n_back, h + 2 * ph, w + 2 * pw), dtype=x.dtype,
+                      device=x.device, memory_format=CL3D)
+    inner = buf[:, :, :, ph:ph + h, pw:pw + w]
+    if front is not None:
+        inner[:, :, :n_front].copy_(front)
+    elif n_front:
+        inner[:, :, :n_front].copy_(x[:, :, :1].expand(-1, -1, n_front, -1, -1))
+    inner[:, :, n_front:n_front + t].copy_(x)
+    if n_back:
+        inner[:, :, n_front + t:].copy_(x[:, :, -1:].expand(-1, -1, n_back, -1, -1))
+    for i in range(1, ph + 1):  # rows first, then whole columns: corners reflect in both
+        buf[:, :, :, ph - i, pw:pw + w].copy_(buf[:, :, :, ph + i, pw:pw + w])
+        buf[:, :, :, ph + h - 1 + i, pw:pw + w].copy_(buf[:, :, :, ph + h - 1 - i, pw:pw + w])
+    for j in range(1, pw + 1):
+        buf[..., pw - j].copy_(buf[..., pw + j])
+        buf[..., pw + w - 1 + j].copy_(buf[..., pw + w - 1 - j])
+    return buf
 
 
 def conv_frame_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
