@@ -161,7 +161,7 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
     head = getattr(decoder, "conv_norm_out", None)
     head_conv = getattr(decoder, "conv_out", None)
     writes_in_order = writes_output_in_order(decoder)
-    head_channels = getattr(getattr(getattr(decoder, "conv_out", None), "conv", None), "in_channels", None)
+    head_channels = getattr(getattr(head_conv, "conv", None), "in_channels", None)
     for path, m in decoder.named_modules(prefix="decoder"):
         if is_a(m, RESNET_BLOCK):
             _swap(report, path, m, FusedLTXResnetBlock, block_reason(m), gate, m.in_channels)
