@@ -214,6 +214,29 @@ def test_tiled_node_matches_vae_decode_tiled(pack, node_vaes, quality):
         torch.testing.assert_close(out.args[0], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("latent_frames", [16, 31])  # 121 and 241 video frames
+def test_tiled_node_decodes_a_long_video_a_temporal_tile_at_a_time(pack, node_vaes, monkeypatch,
+                                                                   latent_frames):
+    """The working set of a long tiled decode is one temporal tile, whatever the length: no
+    decode of the fast path's sees more latent frames than ComfyUI's tile (so GPU memory does
+    not grow with the frames), and the result is ComfyUI's own tiled decode (high, all fused)."""
+    stock, vae = node_vaes
+    model = vae.first_stage_model
+    seen, decode = [], type(model).decode
+    monkeypatch.setattr(model, "decode", lambda z, *a, **k: (seen.append(z.shape[2]), decode(model, z, *a, **k))[1],
+                        raising=False)
+    z = _latent((1, 128, latent_frames, 2, 2), seed=5)
+    inputs = dict(TILED_INPUTS, temporal_size=64, temporal_overlap=8)
+    with torch.inference_mode():
+        expected = _seeded(comfy_nodes().VAEDecodeTiled().decode, stock, {"samples": z}, **inputs)[0]
+        out = _seeded(pack["FastVAEDecodeTiled"].execute, samples={"samples": z}, vae=vae,
+                      quality="high", **inputs)
+    assert out.args[0].shape == expected.shape and expected.shape[0] == 1 + 8 * (latent_frames - 1)
+    assert "stock calls" not in out.ui["text"][0], out.ui["text"][0]
+    assert len(seen) > 1 and max(seen) <= 64 // 8 + 1  # a tile's latent frames, never the video's
+    torch.testing.assert_close(out.args[0], expected, rtol=1e-4, atol=1e-4)
+
+
 def test_diffusion_decoder_fails_closed():
     """LTX 2.4/2.5's ``CausalDiffusionVAE`` is recognised and left stock with its reason."""
     comfy_nodes()
