@@ -1,5 +1,5 @@
-"""Command line: ``python -m fast_vae_decode <demo|bench|report> [options]``; ``main(argv)`` for
-tests.
+"""Command line: ``python -m fast_vae_decode <demo|bench|convs|report|modes> [options]``;
+``main(argv)`` for tests.
 
 A user mistake never ends in a traceback: what argparse itself rejects (an unknown option, a
 malformed number) is reported by the subcommand's parser (its usage, then one line); a value
@@ -239,7 +239,44 @@ def build_parser() -> argparse.ArgumentParser:
                              f"JSON, <json stem>{REPORT_SUFFIX}/, e.g. bench.json -> "
                              f"bench{REPORT_SUFFIX}/)")
     report.set_defaults(parser=report, run=_report)
+
+    modes = sub.add_parser(
+        "modes", help="high under ComfyUI's default flags against other flags, in alternating "
+                      "bench processes (e.g. dynamic VRAM against --disable-dynamic-vram)",
+        description="Runs 'bench' in rounds, each round once with ComfyUI's default flags and "
+                    "once with --against (the side going first flips every round), and prints "
+                    "each side's high time per case (median of the rounds' medians, with their "
+                    "spread) and how the default side compares. Needs a ComfyUI tree.")
+    modes.add_argument("--comfyui", default=None, metavar="PATH",
+                       help="ComfyUI tree (default: $COMFYUI_PATH)")
+    modes.add_argument("--against", default="--disable-dynamic-vram", metavar="FLAGS",
+                       help="ComfyUI flags of the other side, given with '=' "
+                            "(--against='--novram'); default: %(default)s")
+    modes.add_argument("--cases", default="sdxl-1024,qwen-1024",
+                       help="comma-separated bench cases (default: %(default)s)")
+    modes.add_argument("--rounds", type=_count(1), default=3, help="rounds (default %(default)s)")
+    modes.add_argument("--out", default=None,
+                       help="folder for each round's bench JSON (default: a temporary folder)")
+    modes.set_defaults(parser=modes, run=_modes, no_comfyui=False)
     return parser
+
+
+def _modes(args, runner=None) -> int:
+    from . import flag_rounds
+
+    tree = _comfyui_tree(args)
+    if tree is None:
+        raise UsageError("needs a ComfyUI tree: --comfyui PATH or COMFYUI_PATH")
+    try:
+        sides = flag_rounds.sides_for(args.against)
+    except ValueError as exc:  # no flags, or unbalanced quotes
+        raise UsageError(f"--against: {exc}") from None
+    out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="fvd-modes-"))
+    times = flag_rounds.run_rounds(str(pathlib.Path(tree).resolve()), args.cases, sides, args.rounds, out,
+                                   **({"runner": runner} if runner else {}))
+    print(flag_rounds.compare_table(times, sides, args.cases.split(",")))
+    print(f"(each round's bench JSON: {out})")
+    return 0 if times else 1
 
 
 def _report(args) -> int:
