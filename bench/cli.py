@@ -272,8 +272,8 @@ def _modes(args, runner=None) -> int:
     except ValueError as exc:  # no flags, or unbalanced quotes
         raise UsageError(f"--against: {exc}") from None
     out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="fvd-modes-"))
-    times = flag_rounds.run_rounds(str(pathlib.Path(tree).resolve()), args.cases, sides, args.rounds, out,
-                                   **({"runner": runner} if runner else {}))
+    times = flag_rounds.run_rounds(str(pathlib.Path(tree).resolve()), args.cases, sides,
+                                   args.rounds, out, runner)
     print(flag_rounds.compare_table(times, sides, args.cases.split(",")))
     print(f"(each round's bench JSON: {out})")
     return 0 if times else 1

@@ -62,10 +62,12 @@ def _run(cmd: list[str]) -> int:
 
 
 def run_rounds(tree: str, cases: str, sides: tuple[Side, Side], rounds: int,
-               out_dir: pathlib.Path, runner: Runner = _run,
+               out_dir: pathlib.Path, runner: Runner | None = None,
                extra: tuple[str, ...] = ()) -> dict[tuple[str, str], list[float]]:
     """Each side's ``high`` medians per case, one per round that measured it: {(side label,
-    case): [ms, ...]}. A failed bench process is said and its round left out."""
+    case): [ms, ...]}. A failed bench process is said and its round left out. ``runner`` runs
+    one bench command (default: a subprocess)."""
+    runner = runner or _run
     out_dir.mkdir(parents=True, exist_ok=True)
     times: dict[tuple[str, str], list[float]] = {}
     for r, side in round_order(sides, rounds):
