@@ -203,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--triton-cache", choices=("fresh", "keep"), default="fresh",
                        help="fresh (default): compile into an empty Triton cache, so the first "
                             "high decode shows the cold compile cost; keep: use the usual cache")
+    bench.add_argument("--paths", choices=("all", "high"), default="all",
+                       help="all (default): stock, lossless and high; high: only high is timed "
+                            "(no stock, lossless or fp32 reference), as 'modes' runs it")
     bench.set_defaults(parser=bench, run=_bench)
     convs = sub.add_parser(
         "convs", help="per-conv benchmark: each decoder conv shape, cuDNN vs implicit_gemm_conv",
@@ -498,7 +501,8 @@ def _bench(args) -> int:
                            precisions=precisions, run_unsupported=args.run_unsupported,
                            seed=args.seed, json_path=args.json_path,
                            crops_dir=args.crops_dir, crops_npz=args.crops_npz,
-                           crop_size=args.crop_size, host_malloc=host_malloc)
+                           crop_size=args.crop_size, host_malloc=host_malloc,
+                           high_only=args.paths == "high")
     results = run_bench(options)
     status = 1 if any(r.error for r in results) else 0
     if args.report_dir:

@@ -48,7 +48,7 @@ def round_order(sides: tuple[Side, Side], rounds: int) -> list[tuple[int, Side]]
 def bench_command(tree: str, cases: str, side: Side, json_path: pathlib.Path,
                   extra: tuple[str, ...] = ()) -> list[str]:
     cmd = PROG + ["--comfyui", tree, "--cases", cases, "--precisions", "none",
-                  "--triton-cache", "keep", "--json", str(json_path), *extra]
+                  "--triton-cache", "keep", "--paths", "high", "--json", str(json_path), *extra]
     if side.flags:
         cmd.append("--comfyui-args=" + " ".join(side.flags))
     return cmd

@@ -50,6 +50,9 @@ class BenchOptions:
     crops_npz: str | None = None  # ... and/or all of them in one .npz
     crop_size: int = 256
     host_malloc: str = "system"  # what bench.hostmem did, if anything
+    # Only ``high`` is timed (no stock, lossless or fp32 reference): what ``modes`` compares
+    # between ComfyUI's flag sets, in a third of a full bench process's time.
+    high_only: bool = False
     crop_store: Any = field(default=None, repr=False)  # a bench.crops.CropStore, set by run_bench
 
 
@@ -96,6 +99,8 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
     device = subject.device
     result.device, result.dtype = str(device), str(subject.dtype).replace("torch.", "")
     result.repeats = repeats
+    if options.high_only:
+        return _measure_high(subject, options, result)
 
     stock = measure(subject.stock, device, repeats, options.warmup)
     reference = stock.output
@@ -156,6 +161,19 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
         f"{result.lossless_speedup:.2f}x, PSNR "
         f"{'identical' if result.high_identical_to_lossless else f'{psnr:.1f} dB'}, "
         f"lossless bit-exact {result.lossless_bit_exact}")
+    return result
+
+
+def _measure_high(subject: Subject, options: BenchOptions, result: CaseResult) -> CaseResult:
+    first_ms, _ = timed_call(lambda: subject.decode("high"), subject.device)
+    high = measure(lambda: subject.decode("high"), subject.device, result.repeats, options.warmup)
+    high_images, high_info = high.output
+    result.high_ms, result.first_high_ms = high.median_ms, first_ms
+    result.times_ms = {"high": high.times_ms}
+    result.peak_extra_mib = {"high": _mib(high.peak_extra_bytes)}
+    result.high_path, result.high_finite = high_info.get("text"), all_finite(high_images)
+    log(f"{result.label}: high {high.median_ms:.1f} ms (first {first_ms:.1f} ms) "
+        f"[{result.high_path or ''}]")
     return result
 
 
@@ -225,7 +243,7 @@ def run_case(case: Case, options: BenchOptions, nodes, first: bool = False) -> l
             return rows
         if first:
             burn_in(subject, options)
-        fp32_reference = _fp32_reference(subject, base)
+        fp32_reference = None if options.high_only else _fp32_reference(subject, base)
         _guarded(measure_subject, base, case, subject, options, base, fp32_reference)
         if case.video and options.precisions and base.error is None:
             rows += _precision_rows(case, subject, options, base, fp32_reference)

@@ -24,6 +24,12 @@ Folded input: ``x`` may come with up to two ``addends`` (same shape, dtype and s
 that order and never rounded. A conv computed as per-tap partial outputs, its bias not yet
 added, is thus finished inside the norm's own memory pass rather than in passes of its own.
 ``out`` may be given (e.g. a time slice of a bigger cache buffer) to write the result in place.
+
+Padded output: ``out`` may also be a 5-D view whose pixels are not dense, e.g. the interior
+``buf[:, :, t0:t1, 1:-1, 1:-1]`` of a conv input buffer with a one-pixel border. With
+``out_border=1`` the kernel also writes that border as ``padding_mode="reflect"`` would (row -1
+is row 1, row H is row H-2, the same for columns, corners from both), so a reflect-padded conv
+input costs no pass of its own: the bytes the norm writes are the conv's input.
 """
 
 from __future__ import annotations
@@ -33,7 +39,14 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from .accepts import FLOAT_DTYPES, Accepts, autograd_reason, pixels_dense, same_layout
+from .accepts import (
+    FLOAT_DTYPES,
+    Accepts,
+    autograd_reason,
+    channel_stride_one,
+    pixels_dense,
+    same_layout,
+)
 from .backend import launch, on_device, tl, triton
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
@@ -50,8 +63,28 @@ RMS_NORM_SILU = Accepts(min_rank=4, max_rank=5, layout=pixels_dense,
                         nonempty=False, max_channels=MAX_CHANNELS, max_batch=MAX_BATCH)
 
 
+def reflect_border_(out: torch.Tensor, border: int) -> torch.Tensor:
+    """Fill the ``border``-pixel frame around the 5-D view ``out`` (the interior of a bigger
+    buffer) by reflection, rows first, then whole columns (so corners reflect in both)."""
+    if border == 0:
+        return out
+    b, c, t, h, w = out.shape
+    st = out.stride()
+    base = out.as_strided((b, c, t, h + 2 * border, w + 2 * border), st,
+                          out.storage_offset() - border * (st[3] + st[4]))
+    p = border
+    for i in range(1, p + 1):
+        base[:, :, :, p - i, p:p + w].copy_(base[:, :, :, p + i, p:p + w])
+        base[:, :, :, p + h - 1 + i, p:p + w].copy_(base[:, :, :, p + h - 1 - i, p:p + w])
+    for j in range(1, p + 1):
+        base[..., p - j].copy_(base[..., p + j])
+        base[..., p + w - 1 + j].copy_(base[..., p + w - 1 - j])
+    return out
+
+
 def rms_norm_silu_reference(
-    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
+    out_border=0,
 ):
     """Stock math with fp32 accumulation; the test oracle (where the kernel declines, the caller
     runs the stock module).
@@ -83,7 +116,7 @@ def rms_norm_silu_reference(
     if silu:
         y = F.silu(y)
     if out is not None:
-        return out.copy_(y)
+        return reflect_border_(out.copy_(y), out_border)
     return y.to(x.dtype)
 
 
@@ -114,13 +147,23 @@ def _addends_reason(addends, x: torch.Tensor) -> str | None:
     return None
 
 
-def _out_reason(out, x: torch.Tensor, addends) -> str | None:
+def _out_reason(out, x: torch.Tensor, addends, out_border: int = 0) -> str | None:
     if not isinstance(out, torch.Tensor):
         return f"out is {type(out).__name__}, not a tensor"
     if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
         return "out differs from the input in shape, dtype or device"
+    if out_border not in (0, 1):
+        return f"out_border {out_border} (0 or 1)"
     if not pixels_dense(out):
-        return "out not channels-last (channels not the innermost contiguous dim)"
+        if out.dim() != 5 or not channel_stride_one(out):
+            return "out not channels-last (channels not the innermost contiguous dim)"
+        if min(out.stride()[2:]) < 0:
+            return "out with negative strides"
+    if out_border:
+        if out.dim() != 5:
+            return "a reflected border needs a 5-D out"
+        if out.shape[3] < 2 or out.shape[4] < 2:
+            return "frame too small for a reflected border"
     # Only exact aliasing is caught; a partial overlap is the caller's to avoid (see rms_norm_silu).
     if any(out.data_ptr() == t.data_ptr() for t in (x, *addends)):
         return "out aliases an input"
@@ -128,7 +171,7 @@ def _out_reason(out, x: torch.Tensor, addends) -> str | None:
 
 
 def rms_norm_silu_unsupported(
-    x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True
+    x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True, out_border: int = 0
 ) -> str | None:
     """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason.
 
@@ -157,9 +200,11 @@ def rms_norm_silu_unsupported(
         if reason is not None:
             return reason
     if out is not None:
-        reason = _out_reason(out, x, addends)
+        reason = _out_reason(out, x, addends, out_border)
         if reason is not None:
             return reason
+    elif out_border:
+        return "a reflected border needs out"
     return autograd_reason(x, gamma, bias, in_bias, out, *addends)
 
 
@@ -182,7 +227,7 @@ if triton is not None:
 
     # ``pixels`` is a runtime int (one compilation for every frame size); ``channels`` stays
     # specialized: its divisibility by 16 is what lets the loads vectorize.
-    @triton.jit(do_not_specialize=["pixels"])
+    @triton.jit(do_not_specialize=["pixels", "height", "width"])
     def _rms_norm_silu_kernel(
         x_ptr,
         a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
@@ -195,9 +240,16 @@ if triton is not None:
         channels,
         x_stride_n,
         out_stride_n,
+        height,  # frame size and out's strides: read only when OUT_STRIDED
+        width,
+        out_stride_t,
+        out_stride_h,
+        out_stride_w,
         scale,
         eps,
         bias_scalar,
+        OUT_STRIDED: tl.constexpr,
+        REFLECT: tl.constexpr,
         N_ADDENDS: tl.constexpr,
         HAS_IN_BIAS: tl.constexpr,
         HAS_GAMMA: tl.constexpr,
@@ -243,7 +295,36 @@ if triton is not None:
             y = y + bias_scalar
         if SILU:
             y = y * tl.sigmoid(y)
-        tl.store(out_ptr + n * out_stride_n + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        y = y.to(out_ptr.dtype.element_ty)
+        if OUT_STRIDED:
+            frame = height * width
+            t = rows // frame
+            h = (rows - t * frame) // width
+            w = rows - t * frame - h * width
+            at = n * out_stride_n + t * out_stride_t + h * out_stride_h + w * out_stride_w
+            dst = out_ptr + at[:, None] + cols[None, :]
+            tl.store(dst, y, mask=mask)
+            if REFLECT:
+                # The one-pixel border by reflection: row -1 <- row 1, row H <- row H-2 (the same
+                # for columns); a pixel may feed up to two rows, two columns and four corners.
+                up = (h == 1)[:, None]
+                down = (h == height - 2)[:, None]
+                left = (w == 1)[:, None]
+                right = (w == width - 2)[:, None]
+                dh_up = -2 * out_stride_h
+                dh_down = 2 * out_stride_h
+                dw_left = -2 * out_stride_w
+                dw_right = 2 * out_stride_w
+                tl.store(dst + dh_up, y, mask=mask & up)
+                tl.store(dst + dh_down, y, mask=mask & down)
+                tl.store(dst + dw_left, y, mask=mask & left)
+                tl.store(dst + dw_right, y, mask=mask & right)
+                tl.store(dst + dh_up + dw_left, y, mask=mask & up & left)
+                tl.store(dst + dh_up + dw_right, y, mask=mask & up & right)
+                tl.store(dst + dh_down + dw_left, y, mask=mask & down & left)
+                tl.store(dst + dh_down + dw_right, y, mask=mask & down & right)
+        else:
+            tl.store(out_ptr + n * out_stride_n + offs, y, mask=mask)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -251,7 +332,8 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 
 def rms_norm_silu(
-    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False
+    x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
+    out_border=0,
 ) -> torch.Tensor | None:
     """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor
     (``mean_eps``: the pixel norm; ``gamma`` None: no scale).
@@ -260,9 +342,13 @@ def rms_norm_silu(
     None when :func:`rms_norm_silu_unsupported` gives a reason (the caller then takes the stock
     path); otherwise ``out`` written in place, or when ``out`` is None a new tensor of
     ``x.dtype`` in ``x``'s channels-last memory format. ``out`` must not overlap ``x`` or an
-    addend: tiles are read and written by different programs in no set order.
+    addend: tiles are read and written by different programs in no set order. ``out`` may be
+    a strided 5-D view with contiguous channels; with ``out_border=1`` it is the interior of a
+    buffer one pixel wider on each side of H and W, whose border is written by reflection (the
+    caller owns that memory; see the module docstring).
     """
-    reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out)
+    reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out,
+                                       out_border=out_border)
     if reason is not None:
         return None
     if out is None:
@@ -270,6 +356,7 @@ def rms_norm_silu(
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     if x.numel() == 0:
         return out
+    strided = not pixels_dense(out) or out_border > 0
     batch, channels = x.shape[0], x.shape[1]
     pixels = x.numel() // (batch * channels)
     # Absent tensors get x as a placeholder pointer; the constexprs keep it unread.
@@ -293,11 +380,14 @@ def rms_norm_silu(
         channels,
         x.stride(0) if batch > 1 else 0,
         out.stride(0) if batch > 1 else 0,
+        *((out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
         float(channels) ** 0.5,
         float(eps),
         bias_scalar,
     )
     meta = {
+        "OUT_STRIDED": strided,
+        "REFLECT": out_border > 0,
         "N_ADDENDS": len(addends),
         "HAS_IN_BIAS": in_bias is not None,
         "HAS_GAMMA": gamma is not None,

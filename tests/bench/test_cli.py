@@ -104,6 +104,25 @@ def test_bench_reports_lossless_bit_exact_and_a_finite_high(kl_bench):
         assert row["high_identical_to_lossless"] is True
 
 
+def test_bench_paths_high_times_only_high(tmp_path, monkeypatch):
+    pytest.importorskip("diffusers")
+    import fast_vae_decode.bench.run as run
+
+    def no_fp32_reference(subject, row):  # the fp32 decode is what --paths high leaves out
+        raise AssertionError("--paths high built an fp32 reference")
+
+    monkeypatch.setattr(run, "_fp32_reference", no_fp32_reference)
+    path = tmp_path / "high.json"
+    code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--paths", "high", "--json", str(path),
+                       "--burn-in", "0", *QUICK])
+    assert code == 0
+    (row,) = json.loads(path.read_text())["results"]
+    assert row["error"] is None, row
+    assert list(row["times_ms"]) == ["high"] and row["high_ms"] > 0 and row["high_finite"]
+    assert row["stock_ms"] is None and row["lossless_ms"] is None
+    assert row["high_path"]  # the node's text: fused or why not
+
+
 def test_bench_video_case_with_a_precision_row(tmp_path, monkeypatch):
     pytest.importorskip("diffusers")
     # Stock path for high here (the interpreter would run the Wan kernels slowly); this test is

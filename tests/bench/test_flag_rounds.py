@@ -58,6 +58,7 @@ def test_each_side_is_the_median_of_its_rounds(tmp_path):
     cmd = bench.commands[1]
     assert cmd[cmd.index("--comfyui") + 1] == "/tree" and "--comfyui-args=--disable-dynamic-vram" in cmd
     assert "--triton-cache" in cmd and "keep" in cmd
+    assert cmd[cmd.index("--paths") + 1] == "high"  # only what is compared is timed
 
 
 def test_a_failed_round_is_left_out(tmp_path, capsys):

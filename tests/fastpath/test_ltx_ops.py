@@ -10,13 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fast_vae_decode.fastpath.families.ltx import ops
+from fast_vae_decode.fastpath.families.ltx.modules import pixel_norm
 from fast_vae_decode.fastpath.families.ltx.ops import (
     causal_conv,
     causal_conv_static_reason,
+    conv_input,
     conv_output,
     depth_to_space,
     exchange_add,
 )
+from fast_vae_decode.kernels.rms_norm_silu import rms_norm_silu_reference
 
 CL3D = torch.channels_last_3d
 
@@ -118,3 +122,65 @@ def test_reflect_needs_frames_wider_than_the_padding():
     conv = _CausalConv(2, 2)
     assert conv_frame_reason(conv, torch.zeros(1, 2, 2, 1, 4)) is not None
     assert conv_frame_reason(conv, torch.zeros(1, 2, 2, 2, 2)) is None
+
+
+def _normed(x, gamma, bias):
+    return rms_norm_silu_reference(x, gamma, bias, 1e-6, silu=True, mean_eps=True)
+
+
+# The norm writes its conv's input buffer (frames, reflected border) and the conv reads it: the
+# same result as the norm, then the stock causal conv. Shapes: a 2-pixel-wide frame (the
+# narrowest a reflected border takes), one frame (all time padding copies of it), batch 2.
+@pytest.mark.parametrize("declined", [False, True])
+@pytest.mark.parametrize("mode", ["reflect", "zeros"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shape", [(1, 8, 4, 5, 6), (2, 3, 1, 3, 2), (1, 16, 3, 2, 4)])
+def test_norm_into_the_conv_input_matches_norm_then_conv(shape, causal, mode, declined, monkeypatch):
+    if declined:  # the kernel refuses the target: the norm is copied in (and bordered) instead
+        import fast_vae_decode.fastpath.families.ltx.modules as modules
+
+        real = modules.rms_norm_silu
+        monkeypatch.setattr(modules, "rms_norm_silu",
+                            lambda *a, out=None, **kw: None if out is not None else real(*a, **kw))
+    conv = _CausalConv(shape[1], 5, mode=mode)
+    x = _cl3d(shape, seed=10)
+    gamma, bias = 1 + 0.2 * torch.randn(shape[1]), 0.1 * torch.randn(shape[1])
+    with torch.no_grad():
+        inp = conv_input(conv, x, causal)
+        h = pixel_norm(x, 1e-6, gamma, bias, silu=True, into=inp)
+        parts, commit = inp.convolve()
+        got = conv_output(conv, x, parts)
+        expected = _stock_conv(conv, _normed(x, gamma, bias), causal)
+    commit()
+    torch.testing.assert_close(h, _normed(x, gamma, bias), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("through_norm", [False, True])
+@pytest.mark.parametrize("frames", [1, 3])
+def test_cached_frames_stand_in_front_and_the_last_are_kept(frames, through_norm, monkeypatch):
+    """0.33's chunk state: the frames cached by the previous chunk come first (their border
+    reflected like the rest), and the last k - 1 frames of (cached + these) are committed."""
+    monkeypatch.setattr(ops, "chunked", lambda module: True)
+    conv = _CausalConv(4, 3)
+    conv.temporal_cache_state = {}
+    cached = _cl3d((1, 4, 2, 3, 5), seed=11)
+    conv.temporal_cache_state[ops.thread_key()] = (cached, False)
+    x = _cl3d((1, 4, frames, 3, 5), seed=12)
+    gamma, bias = torch.ones(4), torch.zeros(4)
+    with torch.no_grad():
+        if through_norm:
+            inp = conv_input(conv, x, True)
+            frames_in = pixel_norm(x, 1e-6, gamma, bias, silu=True, into=inp)
+            parts, commit = inp.convolve()
+        else:
+            frames_in = x
+            parts, commit = causal_conv(conv, x, True)
+        got = conv_output(conv, x, parts)
+        whole = torch.cat([cached, frames_in], 2)
+        expected = conv.conv(whole)
+    assert conv.temporal_cache_state[ops.thread_key()][0] is cached  # nothing stored before commit
+    commit()
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    kept, ended = conv.temporal_cache_state[ops.thread_key()]
+    assert not ended and torch.equal(kept, whole[:, :, -2:])

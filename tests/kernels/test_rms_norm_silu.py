@@ -378,3 +378,70 @@ def test_pixel_norm_zero_pixel_is_finite():
     x[0, :, 0, 0, 0] = 0  # mean square 0: eps keeps the root positive
     out = rms_norm_silu(_channels_last(x), None, None, eps=1e-8, silu=False, mean_eps=True)
     assert torch.isfinite(out).all() and (out[0, :, 0, 0, 0] == 0).all()
+
+
+# --- a padded conv input as ``out``: the interior of a buffer, its border by reflection ------
+
+# (B, C, T, H, W): the smallest frames a reflected border takes (2x2: every pixel feeds two
+# border rows and columns), a 3-row frame (row 1 feeds both the top and the bottom row), odd
+# C over a partial tile with batch 2, and frames spanning several tiles (rows cross frames).
+BORDER_SHAPES = [(1, 8, 2, 2, 2), (1, 16, 1, 3, 5), (2, 5, 2, 4, 3), (1, 32, 3, 6, 7)]
+
+
+def _padded_target(shape, dtype, front=1):
+    """A NaN-filled (B, C, front+T+1, H+2, W+2) channels-last-3d buffer and its interior."""
+    b, c, t, h, w = shape
+    buf = _channels_last(torch.full((b, c, front + t + 1, h + 2, w + 2), float("nan"), dtype=dtype))
+    return buf, buf[:, :, front:front + t, 1:1 + h, 1:1 + w]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", BORDER_SHAPES)
+def test_out_border_writes_the_reflected_conv_input(shape, dtype):
+    gen = torch.Generator().manual_seed(8)
+    x = _channels_last(torch.randn(shape, generator=gen).to(dtype))
+    c = shape[1]
+    gamma, bias = 1.0 + 0.3 * torch.randn(c, generator=gen), 0.2 * torch.randn(c, generator=gen)
+    buf, inner = _padded_target(shape, dtype)
+    kw = dict(eps=1e-8, mean_eps=True, out=inner, out_border=1)
+    assert rms_norm_silu_unsupported(x, gamma, bias, out=inner, out_border=1) is None
+    assert rms_norm_silu(x, gamma, bias, **kw) is inner
+    ref = rms_norm_silu_reference(x, gamma, bias, eps=1e-8, mean_eps=True)
+    b, _, t, h, w = shape
+    want = torch.nn.functional.pad(ref.float().reshape(b, c * t, h, w), (1, 1, 1, 1), mode="reflect")
+    rtol = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(buf[:, :, 1:1 + t].float(), want.reshape(b, c, t, h + 2, w + 2),
+                               rtol=rtol, atol=1e-5)
+    assert buf[:, :, 0].isnan().all() and buf[:, :, -1].isnan().all()  # other frames untouched
+    # The reference writes the same border (it is what the conv input falls back to).
+    buf2, inner2 = _padded_target(shape, dtype)
+    rms_norm_silu_reference(x, gamma, bias, **dict(kw, out=inner2))
+    torch.testing.assert_close(buf2[:, :, 1:1 + t].float(), buf[:, :, 1:1 + t].float(), rtol=rtol, atol=1e-5)
+
+
+def test_strided_out_without_border_leaves_the_border_alone():
+    gen = torch.Generator().manual_seed(9)
+    x = _channels_last(torch.randn((1, 16, 2, 3, 4), generator=gen))
+    buf, inner = _padded_target(x.shape, torch.float32)
+    assert rms_norm_silu(x, None, None, mean_eps=True, out=inner) is inner
+    torch.testing.assert_close(inner, rms_norm_silu_reference(x, None, None, mean_eps=True))
+    assert buf[:, :, 1:3, 0].isnan().all() and buf[:, :, 1:3, :, -1].isnan().all()
+
+
+@pytest.mark.parametrize(
+    "make,expected",
+    [
+        pytest.param(lambda x, inner: {"out_border": 1}, "needs out", id="border-without-out"),
+        pytest.param(lambda x, inner: {"out": inner, "out_border": 2}, "out_border 2", id="border-2"),
+        pytest.param(lambda x, inner: {"out": torch.empty(1, 8, 3, 2, 2).contiguous(
+            memory_format=torch.channels_last_3d)[:, :, 1:, :1]}, "shape", id="border-shape"),
+        # a strided view whose channels are not contiguous (NCDHW, one row cut off)
+        pytest.param(lambda x, inner: {"out": torch.empty(1, 8, 2, 4, 3)[:, :, :, :3]},
+                     "channels-last", id="strided-channels"),
+    ],
+)
+def test_unsupported_padded_out_returns_none(make, expected):
+    x = _fold_x()
+    _, inner = _padded_target(x.shape, torch.float32)
+    reason = rms_norm_silu_unsupported(x, torch.ones(8), None, **make(x, inner))
+    assert reason is not None and expected in reason

@@ -60,3 +60,22 @@ def test_cuda_pixel_norm_real_sizes(shape, affine):
     out = rms_norm_silu(x, gamma, bias, **kw)
     assert out is not None
     torch.testing.assert_close(out, rms_norm_silu_reference(x, gamma, bias, **kw), rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.cuda
+def test_cuda_pixel_norm_into_a_reflect_padded_conv_input():
+    # LTX-2's last stage (768x512), written as the interior of its conv's input buffer (two
+    # cached frames in front, a reflected border): int64 offsets past 2**31 bytes of buffer.
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    shape = (1, 128, 17, 128, 192)
+    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
+    gamma = 1.0 + 0.2 * torch.randn(128, generator=gen, device="cuda")
+    bias = 0.2 * torch.randn(128, generator=gen, device="cuda")
+    buf = _channels_last(torch.zeros((1, 128, 19, 130, 194), device="cuda", dtype=torch.bfloat16))
+    inner = buf[:, :, 2:, 1:-1, 1:-1]
+    kw = dict(eps=1e-8, silu=True, mean_eps=True)
+    assert rms_norm_silu(x, gamma, bias, out=inner, out_border=1, **kw) is inner
+    ref = rms_norm_silu_reference(x, gamma, bias, **kw)
+    want = torch.nn.functional.pad(ref.reshape(1, 128 * 17, 128, 192), (1, 1, 1, 1), mode="reflect")
+    torch.testing.assert_close(buf[:, :, 2:], want.reshape(1, 128, 17, 130, 194), rtol=2**-7, atol=1e-5)
+    assert not buf[:, :, :2].any()

@@ -37,8 +37,10 @@ from ...video_ops import (
     to_cl3d,
 )
 from .ops import (
+    ConvInput,
     causal_conv,
     chunked,
+    conv_input,
     conv_frame_reason,
     conv_output,
     depth_to_space,
@@ -62,14 +64,27 @@ def _video_reason(x) -> str | None:
 
 
 def pixel_norm(x: torch.Tensor, eps: float, gamma=None, bias=None, silu: bool = False, *,
-               addends: tuple = (), in_bias=None) -> torch.Tensor:
-    """``rms_norm_silu`` as the pixel norm of channels-last ``x + addends + in_bias``.
+               addends: tuple = (), in_bias=None, into: ConvInput | None = None) -> torch.Tensor:
+    """``rms_norm_silu`` as the pixel norm of channels-last ``x + addends + in_bias``; with
+    ``into``, written straight into that conv input's frames (its reflected border too, where
+    the kernel writes it), so the conv reads the norm's output without a copy.
 
-    Callers checked the plain input; a kernel refusing only the folded inputs is handled by
-    summing them in torch first (same math up to one rounding); refusing ``x`` itself means
-    the checks and the kernel disagree, and raising sends the caller to its stock path.
+    Callers checked the plain input; a kernel refusing only the folded inputs or the target
+    is handled by summing in torch first (same math up to one rounding) and copying; refusing
+    ``x`` itself means the checks and the kernel disagree, and raising sends the caller to its
+    stock path.
     """
     kw = dict(eps=eps, silu=silu, mean_eps=True)
+    if into is not None and not into.empty:
+        border = into.border if into.border == 1 else 0  # the kernel writes a 1-pixel border
+        y = rms_norm_silu(x, gamma, bias, addends=addends, in_bias=in_bias, out=into.target(),
+                          out_border=border, **kw)
+        if y is not None:
+            into.written(bordered=border == into.border)
+            return y
+        y = pixel_norm(x, eps, gamma, bias, silu, addends=addends, in_bias=in_bias)
+        into.take(y)
+        return into.frames
     y = rms_norm_silu(x, gamma, bias, addends=addends, in_bias=in_bias, **kw)
     if y is not None:
         return y
@@ -78,6 +93,8 @@ def pixel_norm(x: torch.Tensor, eps: float, gamma=None, bias=None, silu: bool = 
     y = rms_norm_silu(x, gamma, bias, **kw)
     if y is None:
         raise RuntimeError("rms_norm_silu declined: " + str(rms_norm_silu_unsupported(x, gamma, bias)))
+    if into is not None:
+        into.take(y)
     return y
 
 
@@ -215,20 +232,26 @@ class FusedLTXResnetBlock(_Prewarmed):
     def fast_forward(self, input_tensor, causal: bool = True, timestep=None):
         x = to_cl3d(input_tensor)
         g1, b1, g2, b2 = self._affine(x, timestep)
-        h = pixel_norm(x, self.norm1.eps, g1, b1, silu=True)
-        parts, commit1 = causal_conv(self.conv1, h, causal)
+        # Each norm writes its conv's input buffer itself (see ``pixel_norm``); a buffer is
+        # let go once its conv has run.
+        inp = conv_input(self.conv1, x, causal)
+        pixel_norm(x, self.norm1.eps, g1, b1, silu=True, into=inp)
+        parts, commit1 = inp.convolve()
         if parts and not self.inject_noise:
-            h = pixel_norm(parts[0], self.norm2.eps, g2, b2, silu=True, addends=tuple(parts[1:]),
-                           in_bias=bias_of(self.conv1.conv))
-        else:
-            h = self._noised(conv_output(self.conv1, h, parts), "per_channel_scale1")
-            h = pixel_norm(h, self.norm2.eps, g2, b2, silu=True)
+            inp = conv_input(self.conv2, parts[0], causal)
+            pixel_norm(parts[0], self.norm2.eps, g2, b2, silu=True, addends=tuple(parts[1:]),
+                       in_bias=bias_of(self.conv1.conv), into=inp)
+        else:  # conv_output takes x for the shape of the frames conv1 read
+            h = self._noised(conv_output(self.conv1, x, parts), "per_channel_scale1")
+            inp = conv_input(self.conv2, h, causal)
+            pixel_norm(h, self.norm2.eps, g2, b2, silu=True, into=inp)
+            del h
         del parts
-        parts, commit2 = causal_conv(self.conv2, h, causal)
+        parts, commit2 = inp.convolve()
+        del inp
         bias = bias_of(self.conv2.conv)
         if not parts or self.inject_noise:
-            parts, bias = [self._noised(conv_output(self.conv2, h, parts), "per_channel_scale2")], None
-        del h
+            parts, bias = [self._noised(conv_output(self.conv2, x, parts), "per_channel_scale2")], None
         residual = self._shortcut(x)
         commit3 = no_commit
         if chunked(self):

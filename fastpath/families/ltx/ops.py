@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from ...comfyui.ltx_code import CHUNKED, forward_reason, frames_rule
 from ...comfyui.weights import bias_of
+from ....kernels.rms_norm_silu import reflect_border_
 from ...video_ops import CL3D, add_parts, conv_weight, to_cl3d
 
 Commit = Callable[[], None]
@@ -72,34 +73,102 @@ def causal_conv_static_reason(conv: torch.nn.Module) -> str | None:
 # --- the causal conv -------------------------------------------------------------------------
 
 
-def _assemble(x: torch.Tensor, front: torch.Tensor | None, n_front: int, n_back: int,
-              pad_hw: tuple[int, int], reflect: bool) -> torch.Tensor:
-    """The conv input: ``front`` frames (or ``n_front`` copies of x's first frame), x, and
-    ``n_back`` copies of its last frame, in one channels-last-3d buffer; with ``reflect`` the
-    spatial borders are filled by reflection (as ``padding_mode="reflect"``), otherwise the
-    convolution's own zero padding is used. Returns x itself when nothing is added."""
-    n_front = front.shape[2] if front is not None else n_front
-    ph, pw = pad_hw if reflect else (0, 0)
-    if not (n_front or n_back or ph or pw):
-        return x
-    b, c, t, h, w = x.shape
-    buf = torch.empty((b, c, n_front + t + n_back, h + 2 * ph, w + 2 * pw), dtype=x.dtype,
-                      device=x.device, memory_format=CL3D)
-    inner = buf[:, :, :, ph:ph + h, pw:pw + w]
-    if front is not None:
-        inner[:, :, :n_front].copy_(front)
-    elif n_front:
-        inner[:, :, :n_front].copy_(x[:, :, :1].expand(-1, -1, n_front, -1, -1))
-    inner[:, :, n_front:n_front + t].copy_(x)
-    if n_back:
-        inner[:, :, n_front + t:].copy_(x[:, :, -1:].expand(-1, -1, n_back, -1, -1))
-    for i in range(1, ph + 1):  # rows first, then whole columns: corners reflect in both
-        buf[:, :, :, ph - i, pw:pw + w].copy_(buf[:, :, :, ph + i, pw:pw + w])
-        buf[:, :, :, ph + h - 1 + i, pw:pw + w].copy_(buf[:, :, :, ph + h - 1 - i, pw:pw + w])
-    for j in range(1, pw + 1):
-        buf[..., pw - j].copy_(buf[..., pw + j])
-        buf[..., pw + w - 1 + j].copy_(buf[..., pw + w - 1 - j])
-    return buf
+class ConvInput:
+    """One causal conv's input buffer, laid out before the frames it convolves exist.
+
+    The buffer is channels-last-3d: the front frames (cached by the previous chunk, or copies
+    of the first frame), the frames, the back frames (copies of the last), and with ``reflect``
+    padding a border of ``border`` pixels around every frame. ``frames`` is the view the
+    frames go into: a producer may write them there itself (the pixel norm does, border
+    included), or ``take`` copies them in; ``convolve`` then adds the front and back frames
+    and runs the conv. Without anything to add the buffer is the frames themselves.
+
+    The frames and their padding are the stock ones: without state, ``k - 1`` copies of the
+    first frame in front (causal) or ``(k - 1) // 2`` in front and behind; with 0.33's state
+    the frames cached by the previous chunk stand in front, the trailing copies come only with
+    the last chunk, and the last ``k - 1`` frames of (front + frames) are cached for the next
+    chunk, in the commit ``convolve`` returns.
+    """
+
+    def __init__(self, conv: torch.nn.Module, shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device, causal: bool):
+        inner = conv.conv
+        self.conv, self.k = conv, inner.kernel_size[0]
+        half = (self.k - 1) // 2
+        if chunked(conv):
+            self.key = thread_key()
+            self.cached, self.ended = conv.temporal_cache_state.get(self.key, (None, False))
+        else:
+            self.key, self.cached, self.ended = None, None, True
+        b, c, t, h, w = shape
+        # The stock module returns an empty output and keeps no state.
+        self.empty = self.cached is None and t == 0
+        self.n_front = self.cached.shape[2] if self.cached is not None else (self.k - 1 if causal else half)
+        self.n_back = half if (self.ended and not causal and t > 0) else 0
+        reflect = inner.padding_mode == "reflect"
+        self.border = inner.padding[1] if reflect else 0  # square padding (static check)
+        self.conv_padding = (0, 0, 0) if reflect else (0, inner.padding[1], inner.padding[2])
+        self.shape, self.dtype, self.device = shape, dtype, device
+        self.buf = self.frames = None
+        self.bordered = False  # whether the frames' border is written (none to write: True)
+
+    @property
+    def trivial(self) -> bool:
+        """Nothing to add around the frames: the conv reads them where they are."""
+        return not (self.n_front or self.n_back or self.border)
+
+    def target(self) -> torch.Tensor:
+        """The view a producer writes the frames into (allocating the buffer)."""
+        if self.frames is None:
+            b, c, t, h, w = self.shape
+            p = self.border
+            self.buf = torch.empty((b, c, self.n_front + t + self.n_back, h + 2 * p, w + 2 * p),
+                                   dtype=self.dtype, device=self.device, memory_format=CL3D)
+            self.frames = self.buf[:, :, self.n_front:self.n_front + t, p:p + h, p:p + w]
+        return self.frames
+
+    def take(self, x: torch.Tensor) -> None:
+        """The frames from ``x`` (where no producer wrote them into ``target()``)."""
+        if self.trivial:
+            self.buf = self.frames = x
+        else:
+            reflect_border_(self.target().copy_(x), self.border)
+        self.bordered = True
+
+    def written(self, bordered: bool) -> None:
+        """A producer wrote ``target()`` (and the frames' border, if ``bordered``)."""
+        if not bordered:
+            reflect_border_(self.frames, self.border)
+        self.bordered = True
+
+    def _pad_time(self) -> None:
+        n_front, t, p = self.n_front, self.frames.shape[2], self.border
+        if self.cached is not None and n_front:
+            front = self.buf[:, :, :n_front, p:self.buf.shape[3] - p, p:self.buf.shape[4] - p]
+            reflect_border_(front.copy_(self.cached), p)
+        elif n_front:  # whole bordered frames: the first one, repeated
+            self.buf[:, :, :n_front].copy_(self.buf[:, :, n_front:n_front + 1].expand_as(self.buf[:, :, :n_front]))
+        if self.n_back:
+            last = n_front + t - 1
+            self.buf[:, :, last + 1:].copy_(self.buf[:, :, last:last + 1].expand_as(self.buf[:, :, last + 1:]))
+
+    def convolve(self) -> tuple[list[torch.Tensor], Commit]:
+        """The conv of the buffer as bias-free parts (see ``_conv_parts``; an empty list when
+        it outputs no frames) and the commit of the conv's frame state."""
+        if self.empty:
+            return [], no_commit
+        assert self.bordered, "convolve before the frames were written"
+        commit = no_commit
+        if self.key is not None:
+            if self.ended:
+                state = (None, True)
+            else:
+                state = (_last_frames(self.cached, self.frames, self.n_front, self.k - 1), False)
+            commit = lambda: self.conv.temporal_cache_state.__setitem__(self.key, state)  # noqa: E731
+        self._pad_time()
+        if self.buf.shape[2] < self.k:
+            return [], commit
+        return _conv_parts(self.conv.conv, self.buf, self.conv_padding), commit
 
 
 def conv_frame_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
@@ -110,7 +179,7 @@ def conv_frame_reason(conv: torch.nn.Module, x: torch.Tensor) -> str | None:
     return None
 
 
-def _conv_parts(inner: torch.nn.Conv3d, inp: torch.Tensor, pad_hw: tuple[int, int]) -> list[torch.Tensor]:
+def _conv_parts(inner: torch.nn.Conv3d, inp: torch.Tensor, padding: tuple[int, int, int]) -> list[torch.Tensor]:
     """``inner``'s convolution of the assembled ``inp`` without its bias, as a list of
     channels-last-3d parts whose sum is the result (the form the folding consumers take).
 
@@ -118,43 +187,22 @@ def _conv_parts(inner: torch.nn.Conv3d, inp: torch.Tensor, pad_hw: tuple[int, in
     narrowest (128 channels, 34 frames of 130x194) measured faster as one channels-last-3d
     conv than as three per-tap 2-D convs on an H200 (0.89 vs 0.96 ms in bf16), as did 256-512.
     """
-    out = F.conv3d(inp, conv_weight(inner, CL3D), None, 1, (0,) + pad_hw)
+    out = F.conv3d(inp, conv_weight(inner, CL3D), None, 1, padding)
     return [to_cl3d(out)]
+
+
+def conv_input(conv: torch.nn.Module, x: torch.Tensor, causal: bool) -> ConvInput:
+    """The input buffer of ``conv`` for frames shaped like ``x`` (see ``ConvInput``)."""
+    return ConvInput(conv, tuple(x.shape), x.dtype, x.device, causal)
 
 
 def causal_conv(conv: torch.nn.Module, x: torch.Tensor, causal: bool) -> tuple[list[torch.Tensor], Commit]:
     """The stock causal conv of channels-last-3d ``x``, as bias-free parts (see ``_conv_parts``;
-    an empty list when the conv outputs no frames) and the commit of its frame state.
-
-    The frames are the stock ones: without state, ``k - 1`` copies of the first frame in front
-    (causal) or ``(k - 1) // 2`` in front and behind; with 0.33's state the frames cached by the
-    previous chunk stand in front, the trailing copies come only with the last chunk, and the
-    last ``k - 1`` frames of (front + x) are cached for the next chunk.
-    """
-    inner = conv.conv
-    k = inner.kernel_size[0]
-    half = (k - 1) // 2
-    if chunked(conv):
-        key = thread_key()
-        cached, ended = conv.temporal_cache_state.get(key, (None, False))
-    else:
-        key, cached, ended = None, None, True
-    if cached is None and x.shape[2] == 0:
-        return [], no_commit  # the stock module returns an empty output and keeps no state
-    n_front = 0 if cached is not None else (k - 1 if causal else half)
-    n_back = half if (ended and not causal and x.shape[2] > 0) else 0
-    commit = no_commit
-    if key is not None:
-        if ended:
-            state = (None, True)
-        else:
-            state = (_last_frames(cached, x, n_front, k - 1), False)
-        commit = lambda: conv.temporal_cache_state.__setitem__(key, state)  # noqa: E731
-    pad_hw = (inner.padding[1], inner.padding[2])
-    inp = _assemble(x, cached, n_front, n_back, pad_hw, inner.padding_mode == "reflect")
-    if inp.shape[2] < k:
-        return [], commit
-    return _conv_parts(inner, inp, (0, 0) if inner.padding_mode == "reflect" else pad_hw), commit
+    an empty list when the conv outputs no frames) and the commit of its frame state."""
+    inp = conv_input(conv, x, causal)
+    if not inp.empty:
+        inp.take(x)
+    return inp.convolve()
 
 
 def _last_frames(cached: torch.Tensor | None, x: torch.Tensor, n_front: int, count: int) -> torch.Tensor:
