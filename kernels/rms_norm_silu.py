@@ -35,6 +35,7 @@ input costs no pass of its own: the bytes the norm writes are the conv's input.
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +165,8 @@ def _out_reason(out, x: torch.Tensor, addends, out_border: int = 0) -> str | Non
             return "a reflected border needs a 5-D out"
         if out.shape[3] < 2 or out.shape[4] < 2:
             return "frame too small for a reflected border"
+    if (out_border or not pixels_dense(out)) and math.prod(out.shape[2:]) >= 2**31:
+        return "a strided out of 2**31 or more pixels per sample (int32 coordinates)"
     # Only exact aliasing is caught; a partial overlap is the caller's to avoid (see rms_norm_silu).
     if any(out.data_ptr() == t.data_ptr() for t in (x, *addends)):
         return "out aliases an input"
@@ -297,32 +300,40 @@ if triton is not None:
             y = y * tl.sigmoid(y)
         y = y.to(out_ptr.dtype.element_ty)
         if OUT_STRIDED:
+            # int32 pixel coordinates (the host keeps pixels per sample under 2**31): int64
+            # division costs several times as many instructions, in a memory-bound pass.
+            r32 = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
             frame = height * width
-            t = rows // frame
-            h = (rows - t * frame) // width
-            w = rows - t * frame - h * width
-            at = n * out_stride_n + t * out_stride_t + h * out_stride_h + w * out_stride_w
+            t = r32 // frame
+            h = (r32 - t * frame) // width
+            w = r32 - t * frame - h * width
+            at = (n * out_stride_n + t.to(tl.int64) * out_stride_t + h.to(tl.int64) * out_stride_h
+                  + w.to(tl.int64) * out_stride_w)
             dst = out_ptr + at[:, None] + cols[None, :]
             tl.store(dst, y, mask=mask)
             if REFLECT:
                 # The one-pixel border by reflection: row -1 <- row 1, row H <- row H-2 (the same
-                # for columns); a pixel may feed up to two rows, two columns and four corners.
-                up = (h == 1)[:, None]
-                down = (h == height - 2)[:, None]
-                left = (w == 1)[:, None]
-                right = (w == width - 2)[:, None]
-                dh_up = -2 * out_stride_h
-                dh_down = 2 * out_stride_h
-                dw_left = -2 * out_stride_w
-                dw_right = 2 * out_stride_w
-                tl.store(dst + dh_up, y, mask=mask & up)
-                tl.store(dst + dh_down, y, mask=mask & down)
-                tl.store(dst + dw_left, y, mask=mask & left)
-                tl.store(dst + dw_right, y, mask=mask & right)
-                tl.store(dst + dh_up + dw_left, y, mask=mask & up & left)
-                tl.store(dst + dh_up + dw_right, y, mask=mask & up & right)
-                tl.store(dst + dh_down + dw_left, y, mask=mask & down & left)
-                tl.store(dst + dh_down + dw_right, y, mask=mask & down & right)
+                # for columns); a pixel may feed two rows, two columns and four corners. Each
+                # group is stored only by tiles that hold such a pixel (a predicated-off store
+                # still costs its address arithmetic on every element).
+                valid = rows < pixels
+                up = (h == 1) & valid
+                down = (h == height - 2) & valid
+                left = (w == 1) & valid
+                right = (w == width - 2) & valid
+                dh = 2 * out_stride_h
+                dw = 2 * out_stride_w
+                if tl.max((up | down).to(tl.int32), axis=0) > 0:
+                    tl.store(dst - dh, y, mask=up[:, None] & col_mask[None, :])
+                    tl.store(dst + dh, y, mask=down[:, None] & col_mask[None, :])
+                    if tl.max(((up | down) & (left | right)).to(tl.int32), axis=0) > 0:
+                        tl.store(dst - dh - dw, y, mask=(up & left)[:, None] & col_mask[None, :])
+                        tl.store(dst - dh + dw, y, mask=(up & right)[:, None] & col_mask[None, :])
+                        tl.store(dst + dh - dw, y, mask=(down & left)[:, None] & col_mask[None, :])
+                        tl.store(dst + dh + dw, y, mask=(down & right)[:, None] & col_mask[None, :])
+                if tl.max((left | right).to(tl.int32), axis=0) > 0:
+                    tl.store(dst - dw, y, mask=left[:, None] & col_mask[None, :])
+                    tl.store(dst + dw, y, mask=right[:, None] & col_mask[None, :])
         else:
             tl.store(out_ptr + n * out_stride_n + offs, y, mask=mask)
 

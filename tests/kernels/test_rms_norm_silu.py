@@ -384,8 +384,10 @@ def test_pixel_norm_zero_pixel_is_finite():
 
 # (B, C, T, H, W): the smallest frames a reflected border takes (2x2: every pixel feeds two
 # border rows and columns), a 3-row frame (row 1 feeds both the top and the bottom row), odd
-# C over a partial tile with batch 2, and frames spanning several tiles (rows cross frames).
-BORDER_SHAPES = [(1, 8, 2, 2, 2), (1, 16, 1, 3, 5), (2, 5, 2, 4, 3), (1, 32, 3, 6, 7)]
+# C over a partial tile with batch 2, frames spanning several tiles (rows cross frames), and
+# C=512 (16-pixel tiles) on 40-pixel rows: tiles holding no border pixel skip those stores.
+BORDER_SHAPES = [(1, 8, 2, 2, 2), (1, 16, 1, 3, 5), (2, 5, 2, 4, 3), (1, 32, 3, 6, 7),
+                 (1, 512, 1, 5, 40)]
 
 
 def _padded_target(shape, dtype, front=1):

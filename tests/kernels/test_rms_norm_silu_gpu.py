@@ -65,7 +65,8 @@ def test_cuda_pixel_norm_real_sizes(shape, affine):
 @pytest.mark.cuda
 def test_cuda_pixel_norm_into_a_reflect_padded_conv_input():
     # LTX-2's last stage (768x512), written as the interior of its conv's input buffer (two
-    # cached frames in front, a reflected border): int64 offsets past 2**31 bytes of buffer.
+    # cached frames in front, a reflected border): 192 frame rows over 64-pixel tiles, so
+    # tiles with and without border pixels.
     gen = torch.Generator(device="cuda").manual_seed(2)
     shape = (1, 128, 17, 128, 192)
     x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
