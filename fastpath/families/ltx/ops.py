@@ -22,9 +22,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from ....kernels.rms_norm_silu import reflect_border_
 from ...comfyui.ltx_code import CHUNKED, forward_reason, frames_rule
 from ...comfyui.weights import bias_of
-from ....kernels.rms_norm_silu import reflect_border_
 from ...video_ops import CL3D, add_parts, conv_weight, to_cl3d
 
 Commit = Callable[[], None]
