@@ -55,18 +55,11 @@ def measure(fn: Callable[[], Any], device: torch.device | str, repeats: int,
     """``warmup`` untimed calls, then ``repeats`` timed ones; keeps the last output.
 
     The previous output is released before each call so it never counts in the next call's
-    peak memory. On CUDA the allocator's cache is emptied before the warm-up, so each path's
-    peak is measured from its own steady state: a cached block the allocator hands out whole
-    (unsplit) counts in full, so blocks left by the path measured before moved a peak by up to
-    1 MiB (LTX-2 on 0.8: lossless 5901.0 MiB against stock's 5900.4, where the live
-    allocations at the two peaks summed to the same 5900.0 MiB).
+    peak memory.
     """
-    cuda = is_cuda(device)
-    if cuda:
-        gc.collect()
-        torch.cuda.empty_cache()
     for _ in range(warmup):
         fn()
+    cuda = is_cuda(device)
     if cuda:
         gc.collect()
         torch.cuda.synchronize(device)
