@@ -5,9 +5,11 @@ chunks, and depth-to-space.
 The stock ``CausalConv3d`` builds its input with copies: the first (and, non-causal, last)
 frame repeated in time, joined with ``torch.cat``, then ``nn.Conv3d`` pads space (``reflect``
 in LTX decoders: another copy) and convolves in NCDHW. Here the conv input is one
-channels-last-3d buffer written once (time padding, cached frames and reflected borders
+channels-last-3d buffer (``ConvInput``: time padding, cached frames and reflected borders
 included), convolved by cuDNN in channels-last-3d, its bias added by the pass that reads the
-output next.
+output next. In a resnet block the pixel norm writes the buffer's frames and borders itself,
+so the norm's output is the conv's input: on an H200 that took the decode's copy kernels from
+29.6 to 15.8 ms and LTX-2 768x512x121 ``high`` from 160.9 to 148.4 ms (0.33).
 
 State (0.33's ``temporal_cache_state``, see ``comfyui.ltx_code``) is never written while a fast
 path can still fail: each helper returns its result and a *commit*, a closure of plain dict
