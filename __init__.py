@@ -5,7 +5,7 @@ The repository root is both the ComfyUI custom-node package and the importable P
 """
 from __future__ import annotations
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 WEB_DIRECTORY = "./web"
 
