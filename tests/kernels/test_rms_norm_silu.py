@@ -435,8 +435,6 @@ def test_strided_out_without_border_leaves_the_border_alone():
     [
         pytest.param(lambda x, inner: {"out_border": 1}, "needs out", id="border-without-out"),
         pytest.param(lambda x, inner: {"out": inner, "out_border": 2}, "out_border 2", id="border-2"),
-        pytest.param(lambda x, inner: {"out": torch.empty(1, 8, 3, 2, 2).contiguous(
-            memory_format=torch.channels_last_3d)[:, :, 1:, :1]}, "shape", id="border-shape"),
         # a strided view whose channels are not contiguous (NCDHW, one row cut off)
         pytest.param(lambda x, inner: {"out": torch.empty(1, 8, 2, 4, 3)[:, :, :, :3]},
                      "channels-last", id="strided-channels"),
@@ -447,3 +445,11 @@ def test_unsupported_padded_out_returns_none(make, expected):
     _, inner = _padded_target(x.shape, torch.float32)
     reason = rms_norm_silu_unsupported(x, torch.ones(8), None, **make(x, inner))
     assert reason is not None and expected in reason
+
+
+def test_a_reflected_border_needs_frames_two_pixels_wide():
+    x = _channels_last(torch.randn(1, 8, 2, 1, 3))  # one row: no row 1 to reflect
+    _, inner = _padded_target(x.shape, torch.float32)
+    reason = rms_norm_silu_unsupported(x, None, None, out=inner, out_border=1)
+    assert reason is not None and "too small" in reason
+    assert rms_norm_silu_unsupported(x, None, None, out=inner) is None  # no border: fine

@@ -93,8 +93,6 @@ def pixel_norm(x: torch.Tensor, eps: float, gamma=None, bias=None, silu: bool = 
     y = rms_norm_silu(x, gamma, bias, **kw)
     if y is None:
         raise RuntimeError("rms_norm_silu declined: " + str(rms_norm_silu_unsupported(x, gamma, bias)))
-    if into is not None:
-        into.take(y)
     return y
 
 
