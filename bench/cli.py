@@ -162,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--dtype", choices=sorted(DTYPES), default=None,
                        help="default: ComfyUI's VAE dtype; diffusers: bf16 on CUDA, fp32 on CPU")
     bench.add_argument("--repeats", type=_count(1), default=None,
-                       help="timed decodes per path (default 11 for images, 3 for video)")
+                       help="timed decodes per path (default 11 for images and one-frame video, 3 for longer video)")
     bench.add_argument("--burn-in", dest="burn_in", type=float, default=None, metavar="SECONDS",
                        help="untimed stock decodes of the first case before any timing "
                             "(default 3 s on CUDA, 0 on the CPU)")

@@ -328,3 +328,14 @@ def test_demo_writes_outside_the_source_tree_by_default(capsys, monkeypatch):
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
     assert out.name in capsys.readouterr().out  # --help shows where it goes
+
+
+def test_one_frame_video_cases_are_timed_like_images():
+    from fast_vae_decode.bench.cases import CASES
+    from fast_vae_decode.bench.run import BenchOptions, repeats_for
+
+    options = BenchOptions(cases=[])
+    assert repeats_for(CASES["sdxl-1024"], options) == 11
+    assert repeats_for(CASES["qwen-1024"], options) == 11  # one latent frame: an image decode
+    assert repeats_for(CASES["wan21-480p-33"], options) == 3
+    assert repeats_for(CASES["qwen-1024"], BenchOptions(cases=[], repeats=5)) == 5
