@@ -339,3 +339,34 @@ def test_one_frame_video_cases_are_timed_like_images():
     assert repeats_for(CASES["qwen-1024"], options) == 11  # one latent frame: an image decode
     assert repeats_for(CASES["wan21-480p-33"], options) == 3
     assert repeats_for(CASES["qwen-1024"], BenchOptions(cases=[], repeats=5)) == 5
+
+
+def test_lossless_is_measured_beside_stock_before_any_fused_decode():
+    """Stock and lossless peaks compare only from one allocator state: a fused decode keeps fold
+    buffers that shift the caching allocator's block rounding for every later decode (on LTX-2,
+    stock measured after a fused decode peaked 0.6 MiB higher than stock before it). So the
+    order is stock, lossless, high, then stock once more (the unchanged-after-install check)."""
+    from fast_vae_decode.bench.cases import select_cases
+    from fast_vae_decode.bench.results import CaseResult
+    from fast_vae_decode.bench.run import BenchOptions, measure_subject
+    from fast_vae_decode.bench.subjects import Subject
+
+    order = []
+    images = torch.zeros(1, 8, 8, 3)
+
+    def stock():
+        order.append("stock")
+        return images
+
+    def decode(quality):
+        order.append(quality)
+        return images, {"text": "high: 1 fused module" if quality == "high" else "lossless"}
+
+    (case,) = select_cases("tiny-sdxl")
+    subject = Subject("diffusers", torch.nn.Linear(1, 1), torch.zeros(1, 4, 1, 1),
+                      torch.device("cpu"), False, stock, decode)
+    options = BenchOptions(cases=[case], repeats=1, warmup=0)
+    result = measure_subject(case, subject, options, CaseResult(case.name, case.arch, [1, 4, 1, 1]))
+    assert order == ["stock", "lossless", "high", "high", "stock"]
+    assert result.lossless_bit_exact and result.stock_bit_exact_after_install
+    assert set(result.peak_extra_mib) == {"stock", "lossless", "high", "stock_after_fused"}
