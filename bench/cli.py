@@ -224,6 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     convs.add_argument("--kinds", default=None,
                        help="time only these kinds, comma-separated (e.g. head,conv_in)")
     convs.add_argument("--json", dest="json_path", default=None, help="write results here")
+    convs.add_argument("--comfyui", default=None, metavar="PATH",
+                       help="a ComfyUI tree, for cases whose convs are recorded from one fused "
+                            "decode on ComfyUI's own model (LTX-2)")
     convs.set_defaults(parser=convs, run=_convs)
 
     report = sub.add_parser(
@@ -317,7 +320,18 @@ def _convs(args) -> int:
     _writable_place(args.json_path, "--json")
     if not args.shapes_only and not torch.cuda.is_available():
         raise UsageError("timing the convs needs a CUDA GPU; --shapes-only lists them here")
-    shapes = convs.distinct_shapes(convs.collect_conv_shapes(cases))
+    recorded = [c.name for c in cases if convs.recorded(c)]
+    if recorded and args.comfyui is None:
+        raise UsageError(f"--cases {','.join(recorded)}: their convs are recorded from a fused "
+                         "decode on ComfyUI's own model; give --comfyui PATH")
+    if args.comfyui is not None:
+        from .comfyui import comfyui_path, setup_comfyui
+
+        try:
+            setup_comfyui(comfyui_path(args.comfyui))
+        except FileNotFoundError as exc:
+            raise UsageError(f"--comfyui {args.comfyui}: {exc}") from None
+    shapes = convs.distinct_shapes(convs.collect_conv_shapes(cases, comfyui=args.comfyui is not None))
     if args.shapes_only:
         results = [convs.ConvResult(shape, calls) for shape, calls in shapes]
     else:

@@ -3,9 +3,11 @@ fused path runs it on cuDNN against the pack's own ``implicit_gemm_conv``.
 
 Shapes are collected with forward hooks on the diffusers decoders of each case's architecture,
 built and run on the meta device (no memory, no arithmetic: seconds per case), so the list
-follows the real architectures and latent sizes (``bench.cases``) and a new case (LTX) needs
-no code here beyond what its decoder's module names say (``_kind``). Each hooked conv is
-recorded as the fused path runs it (``ConvShape.route``):
+follows the real architectures and latent sizes (``bench.cases``). An architecture diffusers
+does not build the way ComfyUI does (LTX-2: ``RECORDED_ARCHS``) is recorded instead: one
+``high`` decode of the case on ComfyUI's own model through the node, every conv call the fused
+path makes noted as it is made (``recording_convs``), so those shapes are the fused path's by
+construction. Each hooked conv is recorded as the fused path runs it (``ConvShape.route``):
 
 - KL ``Upsample`` convs run as one 4x4 stride-2 ``conv_transpose2d`` on the low-resolution
   input (``upsample_conv_fold``), Wan's ``Resample`` convs likewise per frame;
@@ -20,6 +22,7 @@ conv biases in the following fused pass); ``implicit_gemm_conv`` includes the bi
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import json
@@ -27,15 +30,17 @@ import math
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from .cases import Case
 
 SCHEMA = "fast_vae_decode.convs/1"
-# The cases issue 13 names (LTX joins once bench.cases has it).
+# The cases issue 13 names that need no ComfyUI; LTX-2's (RECORDED_ARCHS) need ``--comfyui``.
 CONV_CASES = ("sdxl-1024", "flux-1024", "wan21-480p-33", "wan22-704p-33")
+# Decoders whose convs are recorded from a fused decode on ComfyUI's model, not from diffusers.
+RECORDED_ARCHS = ("ltx2",)
 NARROW_TAPS = 128  # wan.ops.TAPS_MAX_CHANNELS: 3x3x3 convs up to this width run as 2-D taps
 
 
@@ -121,10 +126,95 @@ def _decoder_on_meta(arch: str) -> torch.nn.Module:
         return getattr(diffusers, class_name)(**config).to(torch.bfloat16).eval()
 
 
-def collect_conv_shapes(cases: Iterable[Case]) -> dict[str, Counter]:
-    """Per case name: how many times each ``ConvShape`` runs in one decode of its latent."""
+class _ConvCalls(torch.overrides.TorchFunctionMode):
+    """Notes each 2-D/3-D conv call as (input shape, weight shape, padding, transposed)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool]] = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        transposed = func in _TRANSPOSED_CONVS
+        if func in _CONVS or transposed:
+            x, weight = args[0], args[1]
+            padding = kwargs.get("padding", args[4] if len(args) > 4 else 0)
+            spatial = weight.dim() - 2
+            if isinstance(padding, int):
+                padding = (padding,) * spatial
+            elif isinstance(padding, str):  # "same" / "valid" (stride 1 here)
+                padding = tuple(k // 2 for k in weight.shape[2:]) if padding == "same" else (0,) * spatial
+            self.calls.append((tuple(x.shape), tuple(weight.shape), tuple(padding), transposed))
+        return func(*args, **kwargs)
+
+
+_CONVS = (torch.conv2d, torch.conv3d, torch.nn.functional.conv2d, torch.nn.functional.conv3d)
+_TRANSPOSED_CONVS = (torch.conv_transpose2d, torch.nn.functional.conv_transpose2d)
+
+
+@contextlib.contextmanager
+def recording_convs() -> Iterator[list[ConvShape]]:
+    """Inside: every conv call is noted; on exit the list holds them as ``ConvShape``s, in call
+    order. Kinds come from the order and the shapes alone (no module names): the first call is
+    ``conv_in``, the last ``head``; a 1x1(x1) kernel ``1x1``; a conv that widens its input
+    before a depth-to-space ``upsample``; a transposed one is a folded ``upsample``."""
+    mode, shapes = _ConvCalls(), []
+    with mode:
+        yield shapes
+    last = len(mode.calls) - 1
+    for i, (x, w, padding, transposed) in enumerate(mode.calls):
+        cout, kernel = w[1 if transposed else 0], w[2:]
+        if transposed:
+            # The folded upsample (``upsample_conv_fold``): its 3x3 conv's FLOPs, per ConvShape.
+            shapes.append(ConvShape("upsample", "transposed", x, cout, (3, 3), (1, 1)))
+            continue
+        kind = ("conv_in" if i == 0 else "head" if i == last else
+                "1x1" if all(k == 1 for k in kernel) else "upsample" if cout > x[1] else
+                ("causal " if len(kernel) == 3 else "") + "x".join(map(str, kernel)))
+        route = "conv3d" if len(kernel) == 3 else "conv2d"
+        shapes.append(ConvShape(kind, route, x, cout, tuple(kernel), padding))
+
+
+def _recorded_shapes(case: Case, device: torch.device | None = None) -> Counter:
+    """One fused (``high``) decode of ``case`` on ComfyUI's model of its architecture, through
+    the node, with every conv call recorded. Needs ComfyUI imported (``bench.comfyui``)."""
+    from ..nodes.fast_vae_decode import FastVAEDecode
+    from .models import comfy_vae, seeded_latent
+
+    vae = comfy_vae(case.arch, seed=0, device=device)
+    z = seeded_latent(case.latent_shape, 1)
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        FastVAEDecode.execute({"samples": z}, vae, "high")  # kernels compiled, caches built
+        with recording_convs() as shapes:
+            torch.manual_seed(0)
+            out = FastVAEDecode.execute({"samples": z}, vae, "high")
+    text = out.ui["text"][0]
+    if "stock calls" in text or not text.startswith("high:"):
+        raise RuntimeError(f"{case.name}: the fused path did not run throughout ({text}); its "
+                           "convs would be stock ones")
+    return Counter(shapes)
+
+
+def recorded(case: Case) -> bool:
+    """Whether ``case``'s convs are recorded from a fused decode on ComfyUI's model."""
+    from .models import split_arch
+
+    return split_arch(case.arch)[0] in RECORDED_ARCHS
+
+
+def collect_conv_shapes(cases: Iterable[Case], comfyui: bool = False,
+                        device: torch.device | None = None) -> dict[str, Counter]:
+    """Per case name: how many times each ``ConvShape`` runs in one decode of its latent.
+    ``comfyui``: ComfyUI is imported, so ``RECORDED_ARCHS`` cases can be recorded."""
     found: dict[str, Counter] = {}
     for case in cases:
+        if recorded(case):
+            if not comfyui:
+                raise ValueError(f"{case.name}: its convs are recorded from ComfyUI's own model "
+                                 "(give --comfyui PATH)")
+            found[case.name] = _recorded_shapes(case, device)
+            continue
         model = _decoder_on_meta(case.arch)
         counts: Counter = Counter()
         handles = []

@@ -112,3 +112,36 @@ def test_report_includes_the_conv_tables():
 
     text = report_markdown({}, [], {}, {}, ({"gpu": "H"}, _results()))
     assert "## Per-conv benchmark" in text and "| 3x3 | 1x512x128x128 |" in text
+
+
+def test_recorded_conv_calls_in_order():
+    """What ``recording_convs`` notes (the LTX-2 cases' source): each conv call's real input and
+    padding, kinds from the order and shapes (first conv_in, last head, widening = upsample)."""
+    import torch
+    import torch.nn.functional as F
+
+    x3 = torch.zeros(1, 4, 3, 5, 6)
+    x2 = torch.zeros(1, 4, 5, 6)
+    with convs.recording_convs() as shapes:
+        F.conv3d(x3, torch.zeros(8, 4, 3, 3, 3))  # conv_in, whatever its widths
+        F.conv3d(torch.zeros(1, 8, 3, 5, 6), torch.zeros(8, 8, 3, 3, 3), None, 1, 1)
+        F.conv3d(torch.zeros(1, 8, 3, 5, 6), torch.zeros(32, 8, 3, 3, 3))  # before depth-to-space
+        torch.conv2d(x2, torch.zeros(4, 4, 1, 1))
+        F.conv_transpose2d(x2, torch.zeros(4, 4, 4, 4), None, stride=2, padding=1)
+        F.conv2d(x2, torch.zeros(3, 4, 3, 3), padding="same")  # head
+        assert shapes == []  # filled on exit
+    assert [(s.kind, s.route) for s in shapes] == [
+        ("conv_in", "conv3d"), ("causal 3x3x3", "conv3d"), ("upsample", "conv3d"),
+        ("1x1", "conv2d"), ("upsample", "transposed"), ("head", "conv2d")]
+    assert shapes[0] == convs.ConvShape("conv_in", "conv3d", (1, 4, 3, 5, 6), 8, (3, 3, 3), (0, 0, 0))
+    assert shapes[1].padding == (1, 1, 1) and shapes[1].output == (1, 8, 3, 5, 6)
+    assert shapes[4].input == (1, 4, 5, 6) and shapes[4].cout == 4  # the low-res input, as folded
+    assert shapes[5].padding == (1, 1)
+
+
+def test_ltx_cases_need_comfyui(capsys):
+    """LTX-2's convs come only from ComfyUI's own model: without a tree, a clear error."""
+    with pytest.raises(ValueError, match="--comfyui"):
+        convs.collect_conv_shapes([CASES["ltx2-768x512-121"]])
+    assert main(["convs", "--cases", "ltx2-768x512-121", "--shapes-only"]) == 2
+    assert "--comfyui PATH" in capsys.readouterr().err

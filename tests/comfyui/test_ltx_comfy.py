@@ -316,3 +316,26 @@ def test_other_decoder_configurations(name):
     # the same noise, drawn in the same order: high differs from stock by roundings only
     torch.testing.assert_close(high, expected, rtol=1e-4, atol=1e-4)
     assert torch.equal(after[0], after[1]) and torch.equal(after[0], after[2])
+
+
+def test_per_conv_benchmark_records_the_fused_decodes_convs():
+    """``convs`` takes LTX-2's shapes from one fused decode on ComfyUI's model: every conv the
+    fused path ran, as it ran it (reflect borders in the input, so no conv padding)."""
+    from fast_vae_decode.bench import convs
+    from fast_vae_decode.bench.cases import CASES
+
+    case = CASES["tiny-ltx2"]
+    decoder = _vae().first_stage_model.decoder
+    counts = convs.collect_conv_shapes([case], comfyui=True)[case.name]
+    shapes = list(counts)
+    assert {s.route for s in shapes} == {"conv3d"}
+    (conv_in,) = [s for s in shapes if s.kind == "conv_in"]
+    (head,) = [s for s in shapes if s.kind == "head"]
+    assert counts[conv_in] == 1 and counts[head] == 1
+    assert conv_in.cout == decoder.conv_in.conv.out_channels and conv_in.input[1] == 128
+    assert head.cout == decoder.conv_out.conv.out_channels
+    assert conv_in.input[3:] == tuple(n + 2 for n in case.latent_shape[3:])  # reflect border
+    assert all(s.padding == (0, 0, 0) for s in shapes)
+    blocks = [m for m in decoder.modules() if type(m).__name__ == "ResnetBlock3D"]
+    assert sum(n for s, n in counts.items() if s.kind == "causal 3x3x3") >= 2 * len(blocks)
+    assert any(s.kind == "upsample" for s in shapes)  # the depth-to-space convs widen
