@@ -195,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pack (default): decoded pixels finished on the GPU and copied to "
                             "host memory once by this pack; comfyui: ComfyUI's own VAE.decode "
                             "output handling (to measure what the pack's still gains)")
+    bench.add_argument("--host-copies", choices=("pooled", "single"), default="pooled",
+                       help="pooled (default): the pack's host-side copies as torch makes them "
+                            "(on its OpenMP pool); single: the pixel ring's copy-out as one "
+                            "memmove and the latent cast on the GPU, so no pool thread wakes "
+                            "(to measure what the pool's spinning threads cost)")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
                        help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
                             "CPU-side output handling does not page-fault it in again every "
@@ -501,6 +506,11 @@ def _bench(args) -> int:
         from ..fastpath.pixels.decode import pixel_settings
 
         pixel_settings.device_finish = False
+    if args.host_copies == "single":
+        from ..fastpath.pixels.decode import pixel_settings
+        from ..fastpath.pixels.finish import host_copy
+
+        pixel_settings.cast_latent_on_device = host_copy.memmove = True
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()

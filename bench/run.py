@@ -289,6 +289,9 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     from ..fastpath.pixels.decode import pixel_settings
 
     info["pixel_finish"] = "pack" if pixel_settings.device_finish else "comfyui"
+    from ..fastpath.pixels.finish import host_copy
+
+    info["host_copies"] = "single" if host_copy.memmove else "pooled"
     if options.comfyui is not None:
         from .comfyui import memory_mode
 

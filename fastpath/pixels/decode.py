@@ -36,6 +36,11 @@ class PixelSettings:
     # The pack finishes pixels on the GPU and copies them once (video frames stream while the
     # decoder runs); False leaves the output handling to ComfyUI's own ``VAE.decode``.
     device_finish: bool = True
+    # True: the latent goes to the VAE's device in its own dtype and is cast there, not on the
+    # host as ComfyUI's decode does: a host cast of a large latent runs on torch's OpenMP pool,
+    # whose threads then spin (``finish``'s note). The same values (IEEE round-to-nearest-even
+    # on either device); off until measured, with ``finish.host_copy``.
+    cast_latent_on_device: bool = False
 
 
 pixel_settings = PixelSettings()
@@ -129,7 +134,9 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
     pixels = None
     try:
         for start in range(0, count, per_pass):
-            z = latent[start:start + per_pass].to(vae.vae_dtype).to(vae.device)
+            z = latent[start:start + per_pass]
+            z = (z.to(vae.device).to(vae.vae_dtype) if pixel_settings.cast_latent_on_device
+                 else z.to(vae.vae_dtype).to(vae.device))
 
             def dest_for(out: torch.Tensor, start=start, items=z.shape[0]) -> torch.Tensor:
                 nonlocal pixels

@@ -17,12 +17,29 @@ copy goes through a ring of small pinned buffers, so the GPU->host transfer of o
 the host-side copy of another. A plain ``.to("cpu")`` into pageable memory measured 7x slower,
 and pinned outputs would keep the largest video ever decoded page-locked in PyTorch's host cache
 for the life of the process.
+
+The host-side copy out of a pinned buffer can be one ``memmove`` on the calling thread
+(``host_memcpy_``, ``host_copy.memmove``) instead of a torch ``copy_``: torch splits a large
+host copy over its OpenMP pool, whose threads then spin-wait for more work. On the 2-CPU CI host one 12 MiB ``copy_`` every
+20 ms kept the other thread spinning 7 ms per copy, against none after ``memmove`` (0.34 ms a
+copy into fresh memory, torch's 0.26). On the 16-CPU H200 host 15 threads (a pool's worth
+beside the decoding thread) each burned 25-49% of a CPU while SDXL ``high`` decoded in a loop,
+and none while it idled; in the processes where they burned most, plain torch calls on the
+decoding thread took up to 1.6x their host time and the decode 28-34 ms against 23.6 ms, its
+kernels summing to the same ~22.5 ms with the GPU left waiting between them. Which host op
+woke them there is inferred, not traced: this copy (16 threads' worth at 12 MiB) and the
+latent's dtype cast (``decode``) are the pack's only large host-side torch ops per decode.
+Off by default until measured on the GPU host: one thread copies a 16 MiB slice in about the
+time the pool does 3, and where the copy-out is on the critical path (a whole video output
+finished after its decode: LTX-2 on 0.8, 571 MiB) a slower copy costs more than spinning does.
 """
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import queue
 import threading
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -37,6 +54,17 @@ STAGE_BYTES = 16 << 20
 RING = 4
 
 Finish = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class HostCopy:
+    """How the ring copies a slice out of its pinned buffer; flipped by the benchmark
+    (``bench --pixel-host-copy``) to measure the choice (see the module's note)."""
+
+    memmove: bool = False  # True: ``host_memcpy_`` on the copying thread; False: torch's copy_
+
+
+host_copy = HostCopy()
 
 _STAGING: dict[int, "_Staging"] = {}
 _LOCK = threading.Lock()
@@ -87,6 +115,19 @@ def _slices(src: torch.Tensor, dest: torch.Tensor, limit: int) -> Iterator[tuple
 
 def _pieces(out: torch.Tensor, dest: torch.Tensor):
     return ((s, d) for b in range(out.shape[0]) for s, d in _slices(out[b], dest[b], STAGE_BYTES))
+
+
+def host_memcpy_(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``dest.copy_(src)`` for two host tensors, on this thread alone (see the module's note on
+    OpenMP): a ``memmove`` where both are contiguous with one dtype and size, ``copy_`` else.
+    ctypes releases the GIL for the call, as ``copy_`` does."""
+    if (dest.device.type == src.device.type == "cpu" and dest.dtype == src.dtype
+            and dest.shape == src.shape and dest.is_contiguous() and src.is_contiguous()
+            and not dest.is_conj() and not src.is_conj() and not dest.is_neg() and not src.is_neg()):
+        if dest.numel():
+            ctypes.memmove(dest.data_ptr(), src.data_ptr(), dest.numel() * dest.element_size())
+        return dest
+    return dest.copy_(src)
 
 
 def _check_dest(dest: torch.Tensor) -> None:
@@ -150,7 +191,11 @@ class _Copier:
         self.pending[slot] = None
         copied, target, n = entry
         copied.synchronize()
-        target.view(-1).copy_(self.staging.buffers[slot][:n])
+        source = self.staging.buffers[slot][:n]
+        if host_copy.memmove:
+            host_memcpy_(target.view(-1), source)
+        else:
+            target.view(-1).copy_(source)
 
     def flush(self) -> None:
         for k in range(RING):

@@ -77,6 +77,7 @@ def test_bench_writes_json_with_every_field(kl_bench):
     assert data["schema"] == SCHEMA
     assert data["environment"]["torch"] and data["environment"]["device"] == "cpu"
     assert data["environment"]["host_malloc"]  # what bench/hostmem.py did: steady or system
+    assert data["environment"]["host_copies"] == "pooled"  # the default: torch's own copies
     (row,) = data["results"]
     assert row["skipped"] is None and row["error"] is None, row
     for name in MEASURED_FIELDS:
@@ -370,3 +371,20 @@ def test_lossless_is_measured_beside_stock_before_any_fused_decode():
     assert order == ["stock", "lossless", "high", "high", "stock"]
     assert result.lossless_bit_exact and result.stock_bit_exact_after_install
     assert set(result.peak_extra_mib) == {"stock", "lossless", "high", "stock_after_fused"}
+
+
+def test_bench_host_copies_single_sets_both_and_records_it(tmp_path, monkeypatch):
+    """``--host-copies single``: the pixel ring's memmove and the latent cast on the device,
+    both on for the run and named in the report's environment."""
+    pytest.importorskip("diffusers")
+    from fast_vae_decode.fastpath.pixels.decode import pixel_settings
+    from fast_vae_decode.fastpath.pixels.finish import host_copy
+
+    monkeypatch.setattr(pixel_settings, "cast_latent_on_device", False)
+    monkeypatch.setattr(host_copy, "memmove", False)
+    path = tmp_path / "single.json"
+    code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--paths", "high", "--host-copies",
+                       "single", "--json", str(path), "--burn-in", "0", *QUICK])
+    assert code == 0
+    assert pixel_settings.cast_latent_on_device and host_copy.memmove
+    assert json.loads(path.read_text())["environment"]["host_copies"] == "single"

@@ -9,6 +9,8 @@ tests/comfyui/test_pixel_decode_comfyui_gpu.py.)
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -260,3 +262,62 @@ def test_copy_thread_failure_says_frames_are_lost():
         thread.flush()
     assert len(thread.copier.calls) == 1  # nothing after the failure is copied
     assert not thread.thread.is_alive()
+
+
+# Host copies the staging ring makes (``host_memcpy_``): a memmove where both sides are plain
+# contiguous host tensors of one dtype and size; anything else is torch's own copy.
+HOST_COPIES = [
+    (torch.float32, (7, 5)),  # the ring's case: fp32 pixels
+    (torch.bfloat16, (3, 2, 5)),  # 2-byte elements: the byte count is numel * element_size
+    (torch.uint8, (0,)),  # empty: nothing to move, no pointer touched
+    (torch.int64, (1,)),
+]
+
+
+@pytest.mark.parametrize("dtype,shape", HOST_COPIES)
+def test_host_memcpy_copies_exactly(dtype, shape):
+    src = (torch.arange(math.prod(shape)) % 97).to(dtype).reshape(shape)
+    dest = torch.full(shape, 3).to(dtype)
+    assert pixel_finish.host_memcpy_(dest, src) is dest
+    assert torch.equal(dest, src)
+
+
+@pytest.mark.parametrize("case", ["strided source", "other dtype", "conjugate view"])
+def test_host_memcpy_leaves_anything_else_to_torch(case):
+    """What a plain memmove would get wrong goes to ``copy_``: it strides, casts, resolves."""
+    if case == "strided source":
+        src, dest = torch.arange(12.0).reshape(3, 4).t(), torch.empty(4, 3)
+    elif case == "other dtype":
+        src, dest = torch.arange(6.0), torch.empty(6, dtype=torch.float64)
+    else:
+        src, dest = torch.tensor([1 + 2j, 3 - 1j]).conj(), torch.empty(2, dtype=torch.complex64)
+    pixel_finish.host_memcpy_(dest, src)
+    assert torch.equal(dest, src.to(dest.dtype).resolve_conj())
+
+
+@pytest.mark.parametrize("memmove", [False, True])
+def test_ring_copies_out_of_its_pinned_buffer_as_set(monkeypatch, memmove):
+    """The ring's host-side step (``_drain``) goes through ``host_memcpy_`` exactly when
+    ``host_copy.memmove`` says so, and fills its target with the buffer's first n elements."""
+    monkeypatch.setattr(pixel_finish.host_copy, "memmove", memmove)
+    calls = []
+    real = pixel_finish.host_memcpy_
+
+    def noted(dest, src):
+        calls.append((dest.numel(), src.numel()))
+        return real(dest, src)
+
+    class Done:
+        def synchronize(self):
+            pass
+
+    monkeypatch.setattr(pixel_finish, "host_memcpy_", noted)
+    staging = pixel_finish._Staging.__new__(pixel_finish._Staging)
+    staging.buffers = [torch.arange(10.0) + 100 * k for k in range(pixel_finish.RING)]
+    copier = pixel_finish._Copier(staging)
+    target = torch.zeros(2, 3)
+    copier.pending[1] = (Done(), target, 6)
+    copier.flush()
+    assert calls == ([(6, 6)] if memmove else [])
+    assert torch.equal(target.view(-1), staging.buffers[1][:6])
+    assert copier.pending == [None] * pixel_finish.RING
