@@ -155,20 +155,21 @@ _TRANSPOSED_CONVS = (torch.conv_transpose2d, torch.nn.functional.conv_transpose2
 @contextlib.contextmanager
 def recording_convs() -> Iterator[list[ConvShape]]:
     """Inside: every conv call is noted; on exit the list holds them as ``ConvShape``s, in call
-    order. Kinds come from the order and the shapes alone (no module names): the first call is
-    ``conv_in``, the last ``head``; a 1x1(x1) kernel ``1x1``; a conv that widens its input
+    order. Kinds come from the order and the shapes alone (no module names): a call with the
+    first call's weight shape is ``conv_in``, with the last call's ``head`` (a chunked decoder
+    runs its head once per chunk); a 1x1(x1) kernel ``1x1``; a conv that widens its input
     before a depth-to-space ``upsample``; a transposed one is a folded ``upsample``."""
     mode, shapes = _ConvCalls(), []
     with mode:
         yield shapes
-    last = len(mode.calls) - 1
-    for i, (x, w, padding, transposed) in enumerate(mode.calls):
+    first, last = (mode.calls[0][1], mode.calls[-1][1]) if mode.calls else (None, None)
+    for x, w, padding, transposed in mode.calls:
         cout, kernel = w[1 if transposed else 0], w[2:]
         if transposed:
             # The folded upsample (``upsample_conv_fold``): its 3x3 conv's FLOPs, per ConvShape.
             shapes.append(ConvShape("upsample", "transposed", x, cout, (3, 3), (1, 1)))
             continue
-        kind = ("conv_in" if i == 0 else "head" if i == last else
+        kind = ("conv_in" if w == first else "head" if w == last else
                 "1x1" if all(k == 1 for k in kernel) else "upsample" if cout > x[1] else
                 ("causal " if len(kernel) == 3 else "") + "x".join(map(str, kernel)))
         route = "conv3d" if len(kernel) == 3 else "conv2d"

@@ -128,11 +128,15 @@ def test_recorded_conv_calls_in_order():
         F.conv3d(torch.zeros(1, 8, 3, 5, 6), torch.zeros(32, 8, 3, 3, 3))  # before depth-to-space
         torch.conv2d(x2, torch.zeros(4, 4, 1, 1))
         F.conv_transpose2d(x2, torch.zeros(4, 4, 4, 4), None, stride=2, padding=1)
-        F.conv2d(x2, torch.zeros(3, 4, 3, 3), padding="same")  # head
+        F.conv2d(x2, torch.zeros(3, 4, 3, 3), padding="same")  # head (a chunk's)
+        torch.conv2d(x2, torch.zeros(4, 4, 1, 1))
+        F.conv2d(x2[..., :3], torch.zeros(3, 4, 3, 3), padding=1)  # the last chunk's head
         assert shapes == []  # filled on exit
     assert [(s.kind, s.route) for s in shapes] == [
         ("conv_in", "conv3d"), ("causal 3x3x3", "conv3d"), ("upsample", "conv3d"),
-        ("1x1", "conv2d"), ("upsample", "transposed"), ("head", "conv2d")]
+        ("1x1", "conv2d"), ("upsample", "transposed"), ("head", "conv2d"), ("1x1", "conv2d"),
+        ("head", "conv2d")]
+    assert shapes[7].input == (1, 4, 5, 3)
     assert shapes[0] == convs.ConvShape("conv_in", "conv3d", (1, 4, 3, 5, 6), 8, (3, 3, 3), (0, 0, 0))
     assert shapes[1].padding == (1, 1, 1) and shapes[1].output == (1, 8, 3, 5, 6)
     assert shapes[4].input == (1, 4, 5, 6) and shapes[4].cout == 4  # the low-res input, as folded
