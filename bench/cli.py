@@ -260,9 +260,17 @@ def build_parser() -> argparse.ArgumentParser:
                     "spread) and how the default side compares. Needs a ComfyUI tree.")
     modes.add_argument("--comfyui", default=None, metavar="PATH",
                        help="ComfyUI tree (default: $COMFYUI_PATH)")
-    modes.add_argument("--against", default="--disable-dynamic-vram", metavar="FLAGS",
+    modes.add_argument("--against", default=None, metavar="FLAGS",
                        help="ComfyUI flags of the other side, given with '=' "
-                            "(--against='--novram'); default: %(default)s")
+                            "(--against='--novram'); default: --disable-dynamic-vram, or none "
+                            "with --against-bench")
+    modes.add_argument("--against-bench", default="", metavar="OPTIONS",
+                       help="bench options of the other side only, given with '=' "
+                            "(--against-bench='--host-copies single'): compares a setting of "
+                            "this pack under the same ComfyUI flags")
+    modes.add_argument("--bench-args", default="", metavar="OPTIONS",
+                       help="bench options of both sides, given with '=' "
+                            "(--bench-args='--host-copies single')")
     modes.add_argument("--cases", default="sdxl-1024,qwen-1024",
                        help="comma-separated bench cases (default: %(default)s)")
     modes.add_argument("--rounds", type=_count(1), default=3, help="rounds (default %(default)s)")
@@ -278,13 +286,17 @@ def _modes(args, runner=None) -> int:
     tree = _comfyui_tree(args)
     if tree is None:
         raise UsageError("needs a ComfyUI tree: --comfyui PATH or COMFYUI_PATH")
+    against = args.against
+    if against is None:
+        against = "" if args.against_bench else "--disable-dynamic-vram"
     try:
-        sides = flag_rounds.sides_for(args.against)
+        sides = flag_rounds.sides_for(against, args.against_bench)
+        extra = tuple(shlex.split(args.bench_args))
     except ValueError as exc:  # no flags, or unbalanced quotes
         raise UsageError(f"--against: {exc}") from None
     out = pathlib.Path(args.out) if args.out else pathlib.Path(tempfile.mkdtemp(prefix="fvd-modes-"))
     times = flag_rounds.run_rounds(str(pathlib.Path(tree).resolve()), args.cases, sides,
-                                   args.rounds, out, runner)
+                                   args.rounds, out, runner, extra)
     print(flag_rounds.compare_table(times, sides, args.cases.split(",")))
     print(f"(each round's bench JSON: {out})")
     return 0 if times else 1

@@ -1,4 +1,5 @@
-"""Two ComfyUI flag sets (its memory modes) compared on ``high``, in alternating bench processes.
+"""Two ComfyUI flag sets (its memory modes), or two bench settings, compared on ``high``, in
+alternating bench processes.
 
 ComfyUI reads the flag that picks its memory mode (``--disable-dynamic-vram``) once, at start,
 so the two sides of "high under dynamic VRAM within 5% of high without it" run in different
@@ -26,14 +27,18 @@ PROG = [sys.executable, "-m", "fast_vae_decode", "bench"]
 class Side:
     label: str
     flags: tuple[str, ...]  # ComfyUI flags, as --comfyui-args takes them
+    bench_args: tuple[str, ...] = ()  # this side's own bench options (e.g. --host-copies single)
 
 
-def sides_for(against: str) -> tuple[Side, Side]:
-    """ComfyUI's default flags against ``against`` (e.g. ``--disable-dynamic-vram``)."""
-    flags = tuple(shlex.split(against))
-    if not flags:
-        raise ValueError("--against needs ComfyUI flags to compare with its defaults")
-    return Side("default flags", ()), Side(" ".join(flags), flags)
+def sides_for(against: str, against_bench: str = "") -> tuple[Side, Side]:
+    """ComfyUI's default flags and the bench's defaults against ``against`` (ComfyUI flags,
+    e.g. ``--disable-dynamic-vram``) and ``against_bench`` (bench options): either may be
+    empty, not both."""
+    flags, bench_args = tuple(shlex.split(against)), tuple(shlex.split(against_bench))
+    if not flags and not bench_args:
+        raise ValueError("--against needs ComfyUI flags to compare with its defaults (or "
+                         "--against-bench bench options)")
+    return Side("default flags", ()), Side(" ".join(flags + bench_args), flags, bench_args)
 
 
 def round_order(sides: tuple[Side, Side], rounds: int) -> list[tuple[int, Side]]:
@@ -48,7 +53,8 @@ def round_order(sides: tuple[Side, Side], rounds: int) -> list[tuple[int, Side]]
 def bench_command(tree: str, cases: str, side: Side, json_path: pathlib.Path,
                   extra: tuple[str, ...] = ()) -> list[str]:
     cmd = PROG + ["--comfyui", tree, "--cases", cases, "--precisions", "none",
-                  "--triton-cache", "keep", "--paths", "high", "--json", str(json_path), *extra]
+                  "--triton-cache", "keep", "--paths", "high", "--json", str(json_path),
+                  *extra, *side.bench_args]
     if side.flags:
         cmd.append("--comfyui-args=" + " ".join(side.flags))
     return cmd

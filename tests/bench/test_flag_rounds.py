@@ -28,8 +28,8 @@ class _FakeBench:
     def __call__(self, cmd):
         self.commands.append(cmd)
         path = pathlib.Path(cmd[cmd.index("--json") + 1])
-        side = "b" if any(c.startswith("--comfyui-args=") for c in cmd) else "a"
-        r = int(path.stem[len("round"):].split("-")[0])
+        r, side = path.stem[len("round"):].split("-")
+        r = int(r)
         if r == self.fail_round and side == "b":
             return 1
         rows = [{"case": case, "precision": "as loaded", "high_ms": ms[r]}
@@ -79,6 +79,23 @@ def test_modes_command_prints_the_comparison(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "| qwen-1024 | 20.0 (19.0-21.0, 2 rounds) | 19.0 (18.0-20.0, 2 rounds) | +5.3% |" in out
     assert len(list((tmp_path / "rounds").glob("round*.json"))) == 4
+
+
+def test_modes_compares_a_bench_setting_under_the_same_flags(tmp_path, capsys):
+    """``--against-bench``: side B is this pack's other setting under ComfyUI's defaults;
+    ``--bench-args`` go to both sides."""
+    tree = _fake_tree(tmp_path)
+    args = main.__globals__["build_parser"]().parse_args(
+        ["modes", "--comfyui", str(tree), "--cases", "sdxl-1024", "--rounds", "1",
+         "--against-bench=--host-copies single", "--bench-args=--repeats 5",
+         "--out", str(tmp_path / "rounds")])
+    bench = _FakeBench({"a": {"sdxl-1024": [25.0]}, "b": {"sdxl-1024": [24.0]}})
+    assert _modes(args, runner=bench) == 0
+    a_cmd, b_cmd = bench.commands
+    assert not any(c.startswith("--comfyui-args") for c in a_cmd + b_cmd)
+    assert "--host-copies" not in a_cmd and b_cmd[-2:] == ["--host-copies", "single"]
+    assert all(c[c.index("--repeats") + 1] == "5" for c in (a_cmd, b_cmd))
+    assert "| case | high ms, default flags | high ms, --host-copies single |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv,expected", [
