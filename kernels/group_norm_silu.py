@@ -18,6 +18,12 @@ at batch 1 on a 132-SM GPU, which is most of a KL VAE decode. Here, on an NHWC t
 
 Traffic: two reads and one write of x (the minimum for a norm that cannot keep x on chip).
 
+``input_bias``: the norm of ``x + input_bias`` (per channel), with the sum never stored: pass 1
+adds it to each loaded element, and since ``(x + b) * scale + shift = x * scale + (shift + b *
+scale)`` pass 2 folds it into the shift, so pass 3 is unchanged. A conv whose output feeds only
+this norm then needs no bias pass of its own (one read and one write of x fewer), and the sum
+is not rounded to x.dtype before its statistics (closer to fp32 than adding first).
+
 Not done yet, noted for later: a residual add could be fused. In a ResnetBlock the sum
 ``x + h`` is both the next block's residual and the next GroupNorm's input, so it must be written
 anyway; pass 1 could read x and h, write the sum and take its statistics in the same sweep
@@ -71,14 +77,18 @@ def group_norm_silu_reference(
     num_groups: int,
     eps: float,
     silu: bool = True,
+    input_bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """GroupNorm (+ SiLU) in plain torch: statistics in fp32, result in x.dtype, x's memory format.
+    """GroupNorm (+ SiLU) in plain torch: statistics in fp32, result in x.dtype, x's memory format;
+    of ``x + input_bias`` (per channel, added in fp32) where given.
 
     The test oracle of ``group_norm_silu`` (not a fallback: where the kernel declines, the
     caller runs the stock module); takes any rank >= 2 and any strides.
     """
     n, c = x.shape[:2]
     xf = x.float()
+    if input_bias is not None:
+        xf = xf + input_bias.to(device=x.device, dtype=torch.float32).reshape((1, c) + (1,) * (x.dim() - 2))
     grouped = xf.reshape(n, num_groups, -1)
     var, mean = torch.var_mean(grouped, dim=-1, unbiased=False, keepdim=True)
     y = (grouped - mean).mul_(torch.rsqrt(var + eps)).reshape(xf.shape)
@@ -160,17 +170,18 @@ def group_norm_silu_unsupported(
     weight: torch.Tensor | None,
     bias: torch.Tensor | None,
     num_groups: int,
+    input_bias: torch.Tensor | None = None,
 ) -> str | None:
     """Why the Triton path cannot take this input (short, for the UI and log); None if it can."""
     reason = (GROUP_NORM_SILU.tensor_reason(x)
               or GROUP_NORM_SILU.channels_reason(x.shape[1], num_groups))
     if reason is not None:
         return reason
-    for name, p in (("weight", weight), ("bias", bias)):
+    for name, p in (("weight", weight), ("bias", bias), ("input bias", input_bias)):
         reason = _param_reason(name, p, x)
         if reason is not None:
             return reason
-    reason = autograd_reason(x, weight, bias)
+    reason = autograd_reason(x, weight, bias, input_bias)
     if reason is not None:
         return reason
     if _is_compiling():
@@ -218,14 +229,16 @@ def group_norm_silu(
     eps: float,
     silu: bool = True,
     *,
+    input_bias: torch.Tensor | None = None,
     config: GroupNormSiLUConfig | None = None,
 ) -> torch.Tensor | None:
-    """GroupNorm (+ SiLU) of a channels-last x; a new channels-last tensor of x.dtype.
+    """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
+    module's note); a new channels-last tensor of x.dtype.
 
     Returns None when ``group_norm_silu_unsupported`` gives a reason: the caller falls back to
     the stock module. ``config`` overrides the heuristic.
     """
-    if group_norm_silu_unsupported(x, weight, bias, num_groups) is not None:
+    if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
         return None
     n, c, h, w = x.shape
     hw = h * w
@@ -239,6 +252,7 @@ def group_norm_silu(
 
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
+    input_bias = None if input_bias is None else input_bias.contiguous()
     # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits], then the
     # per-channel scale and shift [n, C]; each piece starts 16-byte aligned for vector loads.
     parts, chans = plan.parts, plan.chans
@@ -249,8 +263,9 @@ def group_norm_silu(
 
     with on_device(x.device):
         launch(_group_norm_stats_kernel, (splits, n),
-            x, part_mean, part_m2, hw, pix_per_program, splits,
-            C=c, G=num_groups, CPG=cpg,
+            x, input_bias if input_bias is not None else part_mean,  # unused unless HAS_IN_BIAS
+            part_mean, part_m2, hw, pix_per_program, splits,
+            C=c, G=num_groups, CPG=cpg, HAS_IN_BIAS=input_bias is not None,
             BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=block_g,
             num_warps=config.stats_warps,
         )
@@ -258,9 +273,11 @@ def group_norm_silu(
             part_mean, part_m2,
             weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
             bias if bias is not None else shift,
+            input_bias if input_bias is not None else shift,
             scale, shift, hw, pix_per_program, splits, float(eps),
             C=c, G=num_groups, CPG=cpg,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
+            HAS_IN_BIAS=input_bias is not None,
             BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
             num_warps=config.finalize_warps,
         )
@@ -280,8 +297,8 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_stats_kernel(
-        x_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
-        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
+        x_ptr, in_bias_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
+        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
     ):
         split = tl.program_id(0)
@@ -302,11 +319,17 @@ if triton is not None:
         # so the update weight is a scalar there.
         mean = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
         m2 = tl.zeros([BLOCK_P, BLOCK_C], dtype=tl.float32)
+        # Padded channels get 0 as their bias: their lanes count nothing (cnt below).
+        in_bias = tl.zeros([1, BLOCK_C], dtype=tl.float32)
+        if HAS_IN_BIAS:
+            in_bias += tl.load(in_bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
         for k in range(nfull):
             if BLOCK_C == C:
                 x = tl.load(ptr + tile).to(tl.float32)
             else:
                 x = tl.load(ptr + tile, mask=c_ok, other=0.0).to(tl.float32)
+            if HAS_IN_BIAS:
+                x += in_bias
             delta = x - mean
             mean += delta * (1.0 / (k + 1.0))
             m2 += delta * (x - mean)
@@ -315,6 +338,8 @@ if triton is not None:
         if rem > 0:
             ok = pix_ok & c_ok
             x = tl.load(ptr + tile, mask=ok, other=0.0).to(tl.float32)
+            if HAS_IN_BIAS:
+                x += in_bias
             delta = x - mean
             mean += tl.where(ok, delta * (1.0 / (nfull + 1.0)), 0.0)
             m2 += tl.where(ok, delta * (x - mean), 0.0)
@@ -350,10 +375,10 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_finalize_kernel(
-        mean_ptr, m2_ptr, w_ptr, b_ptr, scale_ptr, shift_ptr,
+        mean_ptr, m2_ptr, w_ptr, b_ptr, in_bias_ptr, scale_ptr, shift_ptr,
         HW, PIX_PER_PROGRAM, SPLITS, eps,
         C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
+        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
         BLOCK_S: tl.constexpr, BLOCK_CPG: tl.constexpr,
     ):
         g = tl.program_id(0)
@@ -392,6 +417,8 @@ if triton is not None:
         shift = -mean * scale
         if HAS_BIAS:
             shift += tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        if HAS_IN_BIAS:  # the apply pass reads x without it: (x + b) * scale = x * scale + b * scale
+            shift += tl.load(in_bias_ptr + c, mask=ok, other=0.0).to(tl.float32) * scale
         tl.store(scale_ptr + n * C + c, scale, mask=ok)
         tl.store(shift_ptr + n * C + c, shift, mask=ok)
 

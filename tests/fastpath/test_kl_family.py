@@ -122,6 +122,25 @@ def test_every_setting_stays_close(tiny, monkeypatch, setting, value):
     assert _rel_err(out, expected) < REL_TOL
 
 
+def test_norm_input_bias_folds_conv1_bias_into_norm2(tiny, monkeypatch):
+    """``norm_input_bias``: each resnet block's conv1 bias goes into norm2 (no bias pass of its
+    own), and the decode stays as close to stock as the default path."""
+    model, _, z, expected, _ = tiny
+    blocks = sum(1 for m in model.decoder.modules() if hasattr(m, "conv1") and hasattr(m, "norm2"))
+    passes = {}
+    real = kl_ops.bias_residual_add_
+    for value in (False, True):
+        calls = []
+        monkeypatch.setattr(kl_ops, "bias_residual_add_",
+                            lambda *a, calls=calls, **k: (calls.append(1), real(*a, **k))[1])
+        monkeypatch.setattr(kl_settings.settings, "norm_input_bias", value)
+        out, stats = _decode(model, z, is_open=True)
+        assert stats.fallbacks == {} and stats.fused_calls == TINY_FUSED
+        assert _rel_err(out, expected) < REL_TOL
+        passes[value] = len(calls)
+    assert blocks > 0 and passes[False] - passes[True] == blocks
+
+
 def test_flux2_and_flux_layouts_are_recognised():
     flux = tiny_vae(latent=16, use_quant_conv=False, use_post_quant_conv=False)
     assert install.install_fast_path(flux).fused == TINY_FUSED

@@ -33,8 +33,12 @@ FULL = {
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("norm_input_bias", [False, True], ids=["bias-pass", "bias-in-norm"])
 @pytest.mark.parametrize("arch", sorted(FULL))
-def test_full_size_high_vs_lossless_psnr(arch):
+def test_full_size_high_vs_lossless_psnr(arch, norm_input_bias, monkeypatch):
+    from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+
+    monkeypatch.setattr(kl_settings.settings, "norm_input_bias", norm_input_bias)
     config = _config(**FULL[arch])
     config["layers_per_block"] = 2
     model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)

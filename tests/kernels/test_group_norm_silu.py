@@ -74,6 +74,35 @@ def test_kernel_affine_and_silu_variants(affine, silu):
     _check(x, weight, bias, 32, silu=silu, config=TINY)
 
 
+@pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_kernel_with_an_input_bias(shape, dtype, config):
+    """The norm of x + b (a conv's bias, never added to x in memory) against the reference's
+    fp32 sum; the bias is large against x's spread, so a fold that dropped or misplaced it
+    (statistics or shift) fails by far more than the tolerance."""
+    n, c, h, w, g = shape
+    x = _input(n, c, h, w, dtype)
+    weight, bias = _affine(c, dtype=dtype)
+    input_bias = (torch.randn(c, generator=torch.Generator().manual_seed(5)) * 4.0).to(dtype)
+    y, _ = _check(x, weight, bias, g, config=config, input_bias=input_bias)
+    plain = group_norm_silu_reference(x, weight, bias, g, EPS)
+    if c // g > 1:  # one channel per group: a per-channel shift cancels in its own mean
+        assert (y.float() - plain.float()).abs().max() > 0.1
+
+
+def test_input_bias_matches_adding_it_first():
+    """Folding the bias is the norm of the materialised sum (fp32, where adding first does not
+    round): conv-output-plus-bias then norm, as the stock block computes it."""
+    x = _input(2, 96, 5, 7, torch.float32)
+    weight, bias = _affine(96)
+    input_bias = torch.randn(96, generator=torch.Generator().manual_seed(6))
+    summed = (x + input_bias[:, None, None]).contiguous(memory_format=torch.channels_last)
+    folded = group_norm_silu(x, weight, bias, 32, EPS, config=TINY, input_bias=input_bias)
+    added = group_norm_silu(summed, weight, bias, 32, EPS, config=TINY)
+    torch.testing.assert_close(folded, added, rtol=1e-5, atol=1e-5)
+
+
 def test_kernel_fp16():
     x = _input(1, 64, 6, 6, torch.float16)
     weight, bias = _affine(64, dtype=torch.float16)
@@ -164,6 +193,13 @@ def _unsupported_cases():
         "weight-device": (good, torch.ones(64, device="meta"), None, 32),
         "bias-int": (good, None, torch.ones(64, dtype=torch.int64), 32),
     }
+
+
+def test_unsupported_input_bias():
+    good = torch.randn(1, 64, 4, 4).contiguous(memory_format=torch.channels_last)
+    for input_bias in (torch.ones(32), torch.ones(64, dtype=torch.int32), torch.ones(64, device="meta")):
+        assert "input bias" in group_norm_silu_unsupported(good, None, None, 32, input_bias)
+        assert group_norm_silu(good, None, None, 32, EPS, input_bias=input_bias) is None
 
 
 @pytest.mark.parametrize("case", list(_unsupported_cases()))

@@ -33,9 +33,11 @@ def test_gpu_matches_reference(shape, dtype):
     n, c, h, w, g = shape
     x = _input(n, c, h, w, dtype, device="cuda")
     weight, bias = _affine(c, device="cuda", dtype=dtype)
+    input_bias = torch.randn(c, device="cuda", generator=torch.Generator("cuda").manual_seed(5)).to(dtype)
     with torch.inference_mode():
         _check(x, weight, bias, g, tol=GPU_TOL[dtype])
         _check(x, None, None, g, silu=False, tol=GPU_TOL[dtype])
+        _check(x, weight, bias, g, tol=GPU_TOL[dtype], input_bias=input_bias)  # a conv's bias
 
 
 @pytest.mark.cuda

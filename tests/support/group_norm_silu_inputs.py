@@ -39,11 +39,11 @@ def _affine(c, device="cpu", dtype=torch.float32, seed=1):
     return w.to(device=device, dtype=dtype), b.to(device=device, dtype=dtype)
 
 
-def _check(x, weight, bias, g, silu=True, config=None, tol=None):
+def _check(x, weight, bias, g, silu=True, config=None, tol=None, input_bias=None):
     before = x.clone()
-    y = group_norm_silu(x, weight, bias, g, EPS, silu, config=config)
-    assert y is not None, group_norm_silu_unsupported(x, weight, bias, g)
-    ref = group_norm_silu_reference(x, weight, bias, g, EPS, silu)
+    y = group_norm_silu(x, weight, bias, g, EPS, silu, config=config, input_bias=input_bias)
+    assert y is not None, group_norm_silu_unsupported(x, weight, bias, g, input_bias)
+    ref = group_norm_silu_reference(x, weight, bias, g, EPS, silu, input_bias=input_bias)
     assert y.dtype == x.dtype and y.shape == x.shape
     assert y.permute(0, 2, 3, 1).is_contiguous()
     assert torch.equal(x, before)  # a new tensor; the input is untouched

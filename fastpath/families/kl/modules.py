@@ -89,7 +89,10 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         # Conv biases are added by one channels-last pass each (torch's broadcast add after the
         # conv is a slow generic kernel on channels-last), and conv2's together with the residual.
         h = conv2d(conv1, norm1.norm_silu(xc), use_bias=False)
-        h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
+        if settings.norm_input_bias:
+            h = norm2.norm_silu(h, input_bias=bias_of(conv1))
+        else:
+            h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
         out = conv2d(conv2, h, use_bias=False)
         if shortcut is None:
             add_bias_residual_(out, bias_of(conv2), xc)

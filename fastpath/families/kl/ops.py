@@ -199,16 +199,19 @@ class FusedGroupNormSiLU(FusedModule):
     def fast_forward(self, x):
         return self.norm_silu(x, silu=False)
 
-    def norm_silu(self, x: torch.Tensor, silu: bool = True) -> torch.Tensor:
-        """GroupNorm (+ SiLU) of channels-last ``x`` through the kernel; raises if it declines.
+    def norm_silu(self, x: torch.Tensor, silu: bool = True,
+                  input_bias: torch.Tensor | None = None) -> torch.Tensor:
+        """GroupNorm (+ SiLU) of channels-last ``x`` (+ ``input_bias`` per channel, never added
+        in memory) through the kernel; raises if it declines.
 
         Callers check ``input_reason``/``weights_reason`` first, so a decline here is a
         mismatch between those checks and the kernel's; raising sends the calling block to its
         stock path (``FusedModule`` disables it for the session and logs the reason).
         """
         weight, bias = weight_of(self), bias_of(self)
-        y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu)
+        y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu,
+                            input_bias=input_bias)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
-                group_norm_silu_unsupported(x, weight, bias, self.num_groups)))
+                group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)))
         return y
