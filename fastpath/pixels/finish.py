@@ -25,8 +25,9 @@ host copy over its OpenMP pool, whose threads then spin-wait for more work. On t
 copy into fresh memory, torch's 0.26). On the 16-CPU H200 host 15 threads (a pool's worth
 beside the decoding thread) each burned 25-49% of a CPU while SDXL ``high`` decoded in a loop,
 and none while it idled; in the processes where they burned most, plain torch calls on the
-decoding thread took up to 1.6x their host time and the decode 28-34 ms against 23.6 ms, its
-kernels summing to the same ~22.5 ms with the GPU left waiting between them. Which host op
+decoding thread took up to 1.6x their host time and the decode 28-34 ms against 23.6 ms (in
+two other processes a 25.0 and a 22.5 ms decode ran the same kernels, 18.7 ms summed kernel
+for kernel: the rest was the GPU waiting for the host). Which host op
 woke them there is inferred, not traced: this copy (16 threads' worth at 12 MiB) and the
 latent's dtype cast (``decode``) are the pack's only large host-side torch ops per decode.
 Off by default until measured on the GPU host: one thread copies a 16 MiB slice in about the
