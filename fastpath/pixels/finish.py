@@ -20,16 +20,16 @@ for the life of the process.
 
 The host-side copy out of a pinned buffer can be one ``memmove`` on the calling thread
 (``host_memcpy_``, ``host_copy.memmove``) instead of a torch ``copy_``: torch splits a large
-host copy over its OpenMP pool, whose threads then spin-wait for more work. On the 2-CPU CI host one 12 MiB ``copy_`` every
-20 ms kept the other thread spinning 7 ms per copy, against none after ``memmove`` (0.34 ms a
-copy into fresh memory, torch's 0.26). On the 16-CPU H200 host 15 threads (a pool's worth
-beside the decoding thread) each burned 25-49% of a CPU while SDXL ``high`` decoded in a loop,
-and none while it idled; in the processes where they burned most, plain torch calls on the
-decoding thread took up to 1.6x their host time and the decode 28-34 ms against 23.6 ms (in
-two other processes a 25.0 and a 22.5 ms decode ran the same kernels, 18.7 ms summed kernel
-for kernel: the rest was the GPU waiting for the host). Which host op
-woke them there is inferred, not traced: this copy (16 threads' worth at 12 MiB) and the
-latent's dtype cast (``decode``) are the pack's only large host-side torch ops per decode.
+host copy over its OpenMP pool, whose threads then spin-wait for more work. On the 2-CPU CI
+host one 12 MiB ``copy_`` every 20 ms kept the other thread spinning 7 ms per copy, against
+none after ``memmove`` (0.34 ms a copy into fresh memory, torch's 0.26). On the 16-CPU H200
+host 15 threads (a pool's worth beside the decoding thread) each burned 25-49% of a CPU while
+SDXL ``high`` decoded in a loop, and none while it idled; in the processes where they burned
+most, plain torch calls on the decoding thread took up to 1.6x their host time and the decode
+28-34 ms against 23.6 ms (in two other processes a 25.0 and a 22.5 ms decode ran the same
+kernels, 18.7 ms summed kernel for kernel: the rest was the GPU waiting for the host). Which
+host op woke them there is inferred, not traced: this copy (16 threads' worth at 12 MiB) and
+the latent's dtype cast (``decode``) are the pack's only large host-side torch ops per decode.
 Off by default until measured on the GPU host: one thread copies a 16 MiB slice in about the
 time the pool does 3, and where the copy-out is on the critical path (a whole video output
 finished after its decode: LTX-2 on 0.8, 571 MiB) a slower copy costs more than spinning does.
@@ -60,7 +60,7 @@ Finish = Callable[[torch.Tensor], torch.Tensor]
 @dataclass
 class HostCopy:
     """How the ring copies a slice out of its pinned buffer; flipped by the benchmark
-    (``bench --pixel-host-copy``) to measure the choice (see the module's note)."""
+    (``bench --host-copies single``) to measure the choice (see the module's note)."""
 
     memmove: bool = False  # True: ``host_memcpy_`` on the copying thread; False: torch's copy_
 
