@@ -16,10 +16,12 @@ from support.pixel_decode import _comfy_finish, _decoded, _reference, _stream_in
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("memmove", [False, True], ids=["copy_", "memmove"])  # host_copy
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_staged_copy_from_the_gpu_is_exact(monkeypatch, dtype):
+def test_staged_copy_from_the_gpu_is_exact(monkeypatch, dtype, memmove):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (tier 3)")
+    monkeypatch.setattr(pixel_finish.host_copy, "memmove", memmove)
     # 33 frames of 96x160 in 2-frame pieces: 17 pieces, so both staging buffers are reused
     # many times and the last piece is a partial one.
     monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 2 * 3 * 96 * 160 * 4)
