@@ -514,14 +514,12 @@ def _bench(args) -> int:
         _writable_place(path, flag)
     for item in args.kl_setting:
         _apply_kl_setting(item)
-    if args.pixel_finish == "comfyui":
-        from ..fastpath.pixels.decode import pixel_settings
+    from ..fastpath.pixels.decode import pixel_settings
+    from ..fastpath.pixels.finish import host_copy
 
+    if args.pixel_finish == "comfyui":
         pixel_settings.device_finish = False
     if args.host_copies == "single":
-        from ..fastpath.pixels.decode import pixel_settings
-        from ..fastpath.pixels.finish import host_copy
-
         pixel_settings.cast_latent_on_device = host_copy.memmove = True
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
