@@ -29,6 +29,9 @@ class UsageError(Exception):
     """A user mistake found after parsing: ``main`` says it in one line and returns 2."""
 
 
+# bench --host-copies: the memmove parts of each choice (pooled: torch's own copy_).
+HOST_COPY_PARTS = {"pooled": 0, "single": 1, "split": 4}
+
 def _dtype(name: str | None) -> torch.dtype | None:
     return None if name is None else DTYPES[name]
 
@@ -195,11 +198,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pack (default): decoded pixels finished on the GPU and copied to "
                             "host memory once by this pack; comfyui: ComfyUI's own VAE.decode "
                             "output handling (to measure what the pack's still gains)")
-    bench.add_argument("--host-copies", choices=("pooled", "single"), default="pooled",
+    bench.add_argument("--host-copies", choices=tuple(HOST_COPY_PARTS), default="pooled",
                        help="pooled (default): the pack's host-side copies as torch makes them "
                             "(on its OpenMP pool); single: the pixel ring's copy-out as one "
-                            "memmove and the latent cast on the GPU, so no pool thread wakes "
-                            "(to measure what the pool's spinning threads cost)")
+                            "memmove and the latent cast on the GPU, so no pool thread wakes; "
+                            f"split: as single, the memmove in {HOST_COPY_PARTS['split']} parts "
+                            "on the pack's own (sleeping) threads (to measure what the pool's "
+                            "spinning threads cost)")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
                        help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
                             "CPU-side output handling does not page-fault it in again every "
@@ -519,8 +524,9 @@ def _bench(args) -> int:
 
     if args.pixel_finish == "comfyui":
         pixel_settings.device_finish = False
-    if args.host_copies == "single":
+    if args.host_copies != "pooled":
         pixel_settings.cast_latent_on_device = host_copy.memmove = True
+        host_copy.parts = HOST_COPY_PARTS[args.host_copies]
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()

@@ -291,7 +291,8 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     info["pixel_finish"] = "pack" if pixel_settings.device_finish else "comfyui"
     from ..fastpath.pixels.finish import host_copy
 
-    info["host_copies"] = "single" if host_copy.memmove else "pooled"
+    info["host_copies"] = ("pooled" if not host_copy.memmove else "single" if host_copy.parts == 1
+                           else f"split {host_copy.parts}")
     if options.comfyui is not None:
         from .comfyui import memory_mode
 

@@ -40,6 +40,7 @@ import contextlib
 import ctypes
 import queue
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -62,7 +63,11 @@ class HostCopy:
     """How the ring copies a slice out of its pinned buffer; flipped by the benchmark
     (``bench --host-copies single``) to measure the choice (see the module's note)."""
 
-    memmove: bool = False  # True: ``host_memcpy_`` on the copying thread; False: torch's copy_
+    memmove: bool = False  # True: ``host_memcpy_``; False: torch's copy_
+    # With memmove: one copy in this many contiguous parts at once, the copying thread taking
+    # one and the pack's own threads the rest. Those threads block on a queue between copies
+    # (they sleep; OpenMP's spin), and the page faults of a fresh destination spread with them.
+    parts: int = 1
 
 
 host_copy = HostCopy()
@@ -118,15 +123,44 @@ def _pieces(out: torch.Tensor, dest: torch.Tensor):
     return ((s, d) for b in range(out.shape[0]) for s, d in _slices(out[b], dest[b], STAGE_BYTES))
 
 
-def host_memcpy_(dest: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """``dest.copy_(src)`` for two host tensors, on this thread alone (see the module's note on
-    OpenMP): a ``memmove`` where both are contiguous with one dtype and size, ``copy_`` else.
-    ctypes releases the GIL for the call, as ``copy_`` does."""
+# A part smaller than this is not worth a thread hand-off (about 20 us).
+MIN_PART_BYTES = 1 << 20
+
+_COPY_POOL: dict[int, ThreadPoolExecutor] = {}  # by worker count: one, unless a bench flips it
+
+
+def _copy_pool(workers: int) -> ThreadPoolExecutor:
+    with _LOCK:
+        pool = _COPY_POOL.get(workers)
+        if pool is None:
+            pool = _COPY_POOL[workers] = ThreadPoolExecutor(workers, "fast_vae_decode host copy")
+        return pool
+
+
+def host_memcpy_(dest: torch.Tensor, src: torch.Tensor, parts: int = 1) -> torch.Tensor:
+    """``dest.copy_(src)`` for two host tensors without torch's OpenMP pool (see the module's
+    note): a ``memmove`` where both are contiguous with one dtype and size, in up to ``parts``
+    pieces at once (``HostCopy.parts``), ``copy_`` else. ctypes releases the GIL for each call,
+    as ``copy_`` does."""
     if (dest.device.type == src.device.type == "cpu" and dest.dtype == src.dtype
             and dest.shape == src.shape and dest.is_contiguous() and src.is_contiguous()
             and not dest.is_conj() and not src.is_conj() and not dest.is_neg() and not src.is_neg()):
-        if dest.numel():
-            ctypes.memmove(dest.data_ptr(), src.data_ptr(), dest.numel() * dest.element_size())
+        nbytes = dest.numel() * dest.element_size()
+        parts = max(1, min(parts, nbytes // MIN_PART_BYTES))
+        # Pieces end on element boundaries; memmove is safe for overlap only as one call, so
+        # overlapping tensors (a view copied onto itself) are copied whole.
+        d, s = dest.data_ptr(), src.data_ptr()
+        if parts == 1 or abs(d - s) < nbytes:
+            if nbytes:
+                ctypes.memmove(d, s, nbytes)
+            return dest
+        step = -(-dest.numel() // parts) * dest.element_size()
+        spans = [(o, min(step, nbytes - o)) for o in range(0, nbytes, step)]
+        others = [_copy_pool(parts - 1).submit(ctypes.memmove, d + o, s + o, n)
+                  for o, n in spans[1:]]
+        ctypes.memmove(d, s, spans[0][1])
+        for done in others:
+            done.result()
         return dest
     return dest.copy_(src)
 
@@ -194,7 +228,7 @@ class _Copier:
         copied.synchronize()
         source = self.staging.buffers[slot][:n]
         if host_copy.memmove:
-            host_memcpy_(target.view(-1), source)
+            host_memcpy_(target.view(-1), source, host_copy.parts)
         else:
             target.view(-1).copy_(source)
 

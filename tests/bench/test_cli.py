@@ -373,18 +373,21 @@ def test_lossless_is_measured_beside_stock_before_any_fused_decode():
     assert set(result.peak_extra_mib) == {"stock", "lossless", "high", "stock_after_fused"}
 
 
-def test_bench_host_copies_single_sets_both_and_records_it(tmp_path, monkeypatch):
-    """``--host-copies single``: the pixel ring's memmove and the latent cast on the device,
-    both on for the run and named in the report's environment."""
+@pytest.mark.parametrize("choice,parts,recorded", [("single", 1, "single"), ("split", 4, "split 4")])
+def test_bench_host_copies_sets_both_and_records_it(tmp_path, monkeypatch, choice, parts, recorded):
+    """``--host-copies single|split``: the pixel ring's memmove (in ``parts``) and the latent
+    cast on the device, all on for the run and named in the report's environment."""
     pytest.importorskip("diffusers")
     from fast_vae_decode.fastpath.pixels.decode import pixel_settings
     from fast_vae_decode.fastpath.pixels.finish import host_copy
 
     monkeypatch.setattr(pixel_settings, "cast_latent_on_device", False)
     monkeypatch.setattr(host_copy, "memmove", False)
+    monkeypatch.setattr(host_copy, "parts", 1)
     path = tmp_path / "single.json"
     code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--paths", "high", "--host-copies",
-                       "single", "--json", str(path), "--burn-in", "0", *QUICK])
+                       choice, "--json", str(path), "--burn-in", "0", *QUICK])
     assert code == 0
     assert pixel_settings.cast_latent_on_device and host_copy.memmove
-    assert json.loads(path.read_text())["environment"]["host_copies"] == "single"
+    assert host_copy.parts == parts
+    assert json.loads(path.read_text())["environment"]["host_copies"] == recorded

@@ -282,6 +282,43 @@ def test_host_memcpy_copies_exactly(dtype, shape):
     assert torch.equal(dest, src)
 
 
+# Split copies (``HostCopy.parts``): bytes a multiple of the part count or not, parts capped by
+# MIN_PART_BYTES, and more parts asked than the copy can give.
+SPLIT_COPIES = [
+    (4, 4 << 20),  # four whole 1 MiB parts
+    (3, (3 << 20) + 12),  # a ragged last part (element-aligned)
+    (8, (2 << 20) + 4),  # capped at 2 parts of at least MIN_PART_BYTES
+    (4, 1 << 16),  # under one part: a single memmove
+]
+
+
+@pytest.mark.parametrize("parts,nbytes", SPLIT_COPIES)
+def test_host_memcpy_in_parts_copies_exactly(monkeypatch, parts, nbytes):
+    """Every byte lands once: each part is its own memmove, on the pack's threads but one."""
+    moves = []
+    real = pixel_finish.ctypes.memmove
+
+    def noted(d, s, n):
+        moves.append(n)
+        return real(d, s, n)
+
+    monkeypatch.setattr(pixel_finish.ctypes, "memmove", noted)
+    src = torch.arange(nbytes // 4, dtype=torch.int32)
+    dest = torch.zeros_like(src)
+    assert pixel_finish.host_memcpy_(dest, src, parts) is dest
+    assert torch.equal(dest, src)
+    assert sum(moves) == nbytes and all(n % 4 == 0 for n in moves)
+    assert len(moves) == max(1, min(parts, nbytes // pixel_finish.MIN_PART_BYTES))
+
+
+def test_host_memcpy_in_parts_copies_an_overlapping_view_whole():
+    """Parts of an overlapping move could read bytes another part already wrote: one call."""
+    buffer = torch.arange(3 << 19, dtype=torch.int32)  # 6 MiB
+    expect = buffer[: 1 << 20].clone()
+    pixel_finish.host_memcpy_(buffer[1 << 18: (1 << 18) + (1 << 20)], buffer[: 1 << 20], 4)
+    assert torch.equal(buffer[1 << 18: (1 << 18) + (1 << 20)], expect)
+
+
 @pytest.mark.parametrize("case", ["strided source", "other dtype", "conjugate view"])
 def test_host_memcpy_leaves_anything_else_to_torch(case):
     """What a plain memmove would get wrong goes to ``copy_``: it strides, casts, resolves."""
@@ -303,9 +340,9 @@ def test_ring_copies_out_of_its_pinned_buffer_as_set(monkeypatch, memmove):
     calls = []
     real = pixel_finish.host_memcpy_
 
-    def noted(dest, src):
+    def noted(dest, src, parts=1):
         calls.append((dest.numel(), src.numel()))
-        return real(dest, src)
+        return real(dest, src, parts)
 
     class Done:
         def synchronize(self):
