@@ -29,8 +29,10 @@ class UsageError(Exception):
     """A user mistake found after parsing: ``main`` says it in one line and returns 2."""
 
 
-# bench --host-copies: the memmove parts of each choice (pooled: torch's own copy_).
-HOST_COPY_PARTS = {"pooled": 0, "single": 1, "split": 4}
+# bench --host-copies: (HostCopy.memmove, HostCopy.parts, PixelSettings.cast_latent_on_device);
+# "auto" is the pack's own defaults.
+HOST_COPIES = {"auto": None, "pooled": (False, 4, False), "single": (True, 1, True),
+               "split": (True, 4, True)}
 
 def _dtype(name: str | None) -> torch.dtype | None:
     return None if name is None else DTYPES[name]
@@ -198,13 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help="pack (default): decoded pixels finished on the GPU and copied to "
                             "host memory once by this pack; comfyui: ComfyUI's own VAE.decode "
                             "output handling (to measure what the pack's still gains)")
-    bench.add_argument("--host-copies", choices=tuple(HOST_COPY_PARTS), default="pooled",
-                       help="pooled (default): the pack's host-side copies as torch makes them "
-                            "(on its OpenMP pool); single: the pixel ring's copy-out as one "
-                            "memmove and the latent cast on the GPU, so no pool thread wakes; "
-                            f"split: as single, the memmove in {HOST_COPY_PARTS['split']} parts "
-                            "on the pack's own (sleeping) threads (to measure what the pool's "
-                            "spinning threads cost)")
+    bench.add_argument("--host-copies", choices=tuple(HOST_COPIES), default="auto",
+                       help="auto (default): the pack's own choice (latent cast on the GPU; an "
+                            "image's copy-out by memmove in parts on the pack's threads, a "
+                            "video's by torch); pooled: the latent cast and every copy-out by "
+                            "torch on the host (its OpenMP pool); single: every copy-out as one "
+                            "memmove; split: every copy-out as a memmove in parts (to measure "
+                            "what the pool's spinning threads cost)")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
                        help="steady (default): glibc keeps freed CPU memory, so ComfyUI's "
                             "CPU-side output handling does not page-fault it in again every "
@@ -524,9 +526,9 @@ def _bench(args) -> int:
 
     if args.pixel_finish == "comfyui":
         pixel_settings.device_finish = False
-    if args.host_copies != "pooled":
-        pixel_settings.cast_latent_on_device = host_copy.memmove = True
-        host_copy.parts = HOST_COPY_PARTS[args.host_copies]
+    if HOST_COPIES[args.host_copies] is not None:
+        host_copy.memmove, host_copy.parts, pixel_settings.cast_latent_on_device = \
+            HOST_COPIES[args.host_copies]
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()

@@ -291,8 +291,11 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
     info["pixel_finish"] = "pack" if pixel_settings.device_finish else "comfyui"
     from ..fastpath.pixels.finish import host_copy
 
-    info["host_copies"] = ("pooled" if not host_copy.memmove else "single" if host_copy.parts == 1
-                           else f"split {host_copy.parts}")
+    memmove = f"memmove in {host_copy.parts} parts" if host_copy.parts > 1 else "one memmove"
+    copy_out = {None: f"{memmove} up to {host_copy.memmove_max_bytes >> 20} MiB, else torch",
+                True: memmove, False: "torch"}[host_copy.memmove]
+    latent = "device" if pixel_settings.cast_latent_on_device else "host"
+    info["host_copies"] = f"copy-out: {copy_out}; latent cast on the {latent}"
     if options.comfyui is not None:
         from .comfyui import memory_mode
 

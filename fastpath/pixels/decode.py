@@ -39,8 +39,8 @@ class PixelSettings:
     # True: the latent goes to the VAE's device in its own dtype and is cast there, not on the
     # host as ComfyUI's decode does: a host cast of a large latent runs on torch's OpenMP pool,
     # whose threads then spin (``finish``'s note). The same values (IEEE round-to-nearest-even
-    # on either device); off until measured, with ``finish.host_copy``.
-    cast_latent_on_device: bool = False
+    # on either device); measured together with ``finish.host_copy``'s memmove.
+    cast_latent_on_device: bool = True
 
 
 pixel_settings = PixelSettings()

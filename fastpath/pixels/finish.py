@@ -18,21 +18,20 @@ the host-side copy of another. A plain ``.to("cpu")`` into pageable memory measu
 and pinned outputs would keep the largest video ever decoded page-locked in PyTorch's host cache
 for the life of the process.
 
-The host-side copy out of a pinned buffer can be one ``memmove`` on the calling thread
-(``host_memcpy_``, ``host_copy.memmove``) instead of a torch ``copy_``: torch splits a large
-host copy over its OpenMP pool, whose threads then spin-wait for more work. On the 2-CPU CI
-host one 12 MiB ``copy_`` every 20 ms kept the other thread spinning 7 ms per copy, against
-none after ``memmove`` (0.34 ms a copy into fresh memory, torch's 0.26). On the 16-CPU H200
-host 15 threads (a pool's worth beside the decoding thread) each burned 25-49% of a CPU while
-SDXL ``high`` decoded in a loop, and none while it idled; in the processes where they burned
-most, plain torch calls on the decoding thread took up to 1.6x their host time and the decode
-28-34 ms against 23.6 ms (in two other processes a 25.0 and a 22.5 ms decode ran the same
-kernels, 18.7 ms summed kernel for kernel: the rest was the GPU waiting for the host). Which
-host op woke them there is inferred, not traced: this copy (16 threads' worth at 12 MiB) and
-the latent's dtype cast (``decode``) are the pack's only large host-side torch ops per decode.
-Off by default until measured on the GPU host: one thread copies a 16 MiB slice in about the
-time the pool does 3, and where the copy-out is on the critical path (a whole video output
-finished after its decode: LTX-2 on 0.8, 571 MiB) a slower copy costs more than spinning does.
+The host-side copy out of a pinned buffer is a ``memmove`` (``host_memcpy_``) split over the
+pack's own threads, for outputs up to ``HostCopy.memmove_max_bytes`` (images), instead of
+torch's ``copy_``: torch splits a large host copy over its OpenMP pool, whose threads then
+spin-wait for more work. On the 2-CPU CI host one 12 MiB ``copy_`` every 20 ms kept the other
+thread spinning 7 ms per copy, against none after ``memmove``. On the 16-CPU H200 host 15
+threads (a pool's worth beside the decoding thread) each burned 25-49% of a CPU while SDXL
+``high`` decoded in a loop, and none while it idled; in the processes where they burned most,
+plain torch calls on the decoding thread took up to 1.6x their host time, and the GPU waited
+for the host (two decodes of 25.0 and 22.5 ms ran the same kernels, 18.7 ms summed). One
+``memmove`` on one thread was steady but slower than the pool (SDXL +4%); in 4 parts on
+threads that sleep between copies it was faster or level (``HostCopy``'s numbers). A video's
+output stays with ``copy_``: there the pool is busy from slice to slice, and a copy-out on the
+critical path (a whole LTX-2 output finished after its decode on 0.8, 571 MiB) ran 17-43% slower
+in 4 parts.
 """
 from __future__ import annotations
 
@@ -60,14 +59,25 @@ Finish = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class HostCopy:
-    """How the ring copies a slice out of its pinned buffer; flipped by the benchmark
-    (``bench --host-copies single``) to measure the choice (see the module's note)."""
+    """How the ring copies a slice out of its pinned buffer (see the module's note); the
+    benchmark flips it (``bench --host-copies``) to measure the choice."""
 
-    memmove: bool = False  # True: ``host_memcpy_``; False: torch's copy_
+    # True: ``host_memcpy_``; False: torch's copy_; None: by the output's size, below.
+    memmove: bool | None = None
     # With memmove: one copy in this many contiguous parts at once, the copying thread taking
     # one and the pack's own threads the rest. Those threads block on a queue between copies
     # (they sleep; OpenMP's spin), and the page faults of a fresh destination spread with them.
-    parts: int = 1
+    parts: int = 4
+    # memmove=None: outputs up to this size (images; 2048² RGB is 48 MiB) go by memmove, larger
+    # ones (video) by copy_, whose pool is busy from slice to slice and copies faster than the
+    # parts. Measured on the H200 host, one process, decodes interleaved (``.gpu/s6/ab.py``):
+    # SDXL / Flux 1024² ``high`` 4 parts against copy_ -8.0 / -8.5% on 0.8, -10.7 / -4.1% on
+    # 0.33 with glibc's own malloc, +0.8 / +2.0% with the bench's steady malloc; LTX-2
+    # 768x512x121 (571 MiB) +17.5% on 0.8 and +43% on 0.33; Wan 2.1 x33 -0.4%.
+    memmove_max_bytes: int = 64 << 20
+
+    def uses_memmove(self, output_bytes: int) -> bool:
+        return self.memmove if self.memmove is not None else output_bytes <= self.memmove_max_bytes
 
 
 host_copy = HostCopy()
@@ -194,9 +204,11 @@ class _Copier:
     slices ago.
     """
 
-    def __init__(self, staging: _Staging, stream: torch.cuda.Stream | None = None):
+    def __init__(self, staging: _Staging, stream: torch.cuda.Stream | None = None,
+                 memmove: bool = False):
         self.staging = staging
         self.stream = stream
+        self.memmove = memmove  # host_memcpy_ (``HostCopy.uses_memmove`` of the whole output)
         self.pending: list[tuple[torch.cuda.Event, torch.Tensor, int] | None] = [None] * RING
         self.next = 0
 
@@ -227,7 +239,7 @@ class _Copier:
         copied, target, n = entry
         copied.synchronize()
         source = self.staging.buffers[slot][:n]
-        if host_copy.memmove:
+        if self.memmove:
             host_memcpy_(target.view(-1), source, host_copy.parts)
         else:
             target.view(-1).copy_(source)
@@ -299,7 +311,7 @@ def finish_pixels(out: torch.Tensor, finish: Finish, dest: torch.Tensor) -> None
         _finish_directly(_pieces(out, dest), finish)
         return
     with staging.lock, torch.cuda.device(out.device):
-        copier = _Copier(staging)
+        copier = _Copier(staging, memmove=host_copy.uses_memmove(dest.numel() * 4))
         try:
             for src, target in _pieces(out, dest):
                 copier.put(src, target, finish)
@@ -390,7 +402,9 @@ class FrameStream:
         if staging is None or not staging.lock.acquire(blocking=False):
             return
         self._release = staging.lock.release
-        self._copier = _CopyThread(_Copier(staging, torch.cuda.Stream(device)), device)
+        copier = _Copier(staging, torch.cuda.Stream(device),
+                         memmove=host_copy.uses_memmove(self.dest.numel() * 4))
+        self._copier = _CopyThread(copier, device)
 
     def complete(self, result: torch.Tensor) -> bool:
         try:

@@ -77,7 +77,7 @@ def test_bench_writes_json_with_every_field(kl_bench):
     assert data["schema"] == SCHEMA
     assert data["environment"]["torch"] and data["environment"]["device"] == "cpu"
     assert data["environment"]["host_malloc"]  # what bench/hostmem.py did: steady or system
-    assert data["environment"]["host_copies"] == "pooled"  # the default: torch's own copies
+    assert data["environment"]["host_copies"].startswith("copy-out: memmove in 4 parts up to")
     (row,) = data["results"]
     assert row["skipped"] is None and row["error"] is None, row
     for name in MEASURED_FIELDS:
@@ -373,21 +373,26 @@ def test_lossless_is_measured_beside_stock_before_any_fused_decode():
     assert set(result.peak_extra_mib) == {"stock", "lossless", "high", "stock_after_fused"}
 
 
-@pytest.mark.parametrize("choice,parts,recorded", [("single", 1, "single"), ("split", 4, "split 4")])
-def test_bench_host_copies_sets_both_and_records_it(tmp_path, monkeypatch, choice, parts, recorded):
-    """``--host-copies single|split``: the pixel ring's memmove (in ``parts``) and the latent
-    cast on the device, all on for the run and named in the report's environment."""
+@pytest.mark.parametrize("choice,memmove,parts,cast,recorded", [
+    ("auto", None, 4, True, "copy-out: memmove in 4 parts up to 64 MiB, else torch; latent cast on the device"),
+    ("pooled", False, 4, False, "copy-out: torch; latent cast on the host"),
+    ("single", True, 1, True, "copy-out: one memmove; latent cast on the device"),
+    ("split", True, 4, True, "copy-out: memmove in 4 parts; latent cast on the device"),
+])
+def test_bench_host_copies_sets_the_switches_and_records_them(tmp_path, monkeypatch, choice,
+                                                              memmove, parts, cast, recorded):
+    """``--host-copies``: the pixel ring's copy-out and where the latent is cast, set for the
+    run (auto: the pack's defaults, untouched) and named in the report's environment."""
     pytest.importorskip("diffusers")
-    from fast_vae_decode.fastpath.pixels.decode import pixel_settings
-    from fast_vae_decode.fastpath.pixels.finish import host_copy
+    from fast_vae_decode.fastpath.pixels.decode import PixelSettings, pixel_settings
+    from fast_vae_decode.fastpath.pixels.finish import HostCopy, host_copy
 
-    monkeypatch.setattr(pixel_settings, "cast_latent_on_device", False)
-    monkeypatch.setattr(host_copy, "memmove", False)
-    monkeypatch.setattr(host_copy, "parts", 1)
-    path = tmp_path / "single.json"
+    for field in ("memmove", "parts"):
+        monkeypatch.setattr(host_copy, field, getattr(HostCopy(), field))
+    monkeypatch.setattr(pixel_settings, "cast_latent_on_device", PixelSettings().cast_latent_on_device)
+    path = tmp_path / "copies.json"
     code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--paths", "high", "--host-copies",
                        choice, "--json", str(path), "--burn-in", "0", *QUICK])
     assert code == 0
-    assert pixel_settings.cast_latent_on_device and host_copy.memmove
-    assert host_copy.parts == parts
+    assert (host_copy.memmove, host_copy.parts, pixel_settings.cast_latent_on_device) == (memmove, parts, cast)
     assert json.loads(path.read_text())["environment"]["host_copies"] == recorded

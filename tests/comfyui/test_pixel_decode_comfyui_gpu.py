@@ -19,9 +19,10 @@ from support.pixel_decode import CASES, _latent, _record_streams, _stock
 @pytest.mark.cuda
 @pytest.mark.parametrize("arch,shape", CASES)
 @pytest.mark.parametrize("quality", ["lossless", "high"])
-# "single": bench --host-copies single (latent cast on the GPU, memmove copy-out); lossless must
+# bench --host-copies: "auto" the pack's defaults (latent cast on the GPU, memmove copy-out for
+# these small outputs), "pooled" both by torch on the host, "single" one memmove; lossless must
 # stay torch.equal with VAEDecode, which casts the latent on the host.
-@pytest.mark.parametrize("host_copies", ["pooled", "single"])
+@pytest.mark.parametrize("host_copies", ["auto", "pooled", "single"])
 def test_node_on_the_gpu_equals_vae_decode(pack, monkeypatch, arch, shape, quality, host_copies):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (tier 3)")
@@ -31,9 +32,12 @@ def test_node_on_the_gpu_equals_vae_decode(pack, monkeypatch, arch, shape, quali
     vae = comfy_vae(arch, seed=0, tiny=True, device="cuda")
     z = _latent(shape)
     module = pack_module("fastpath.pixels.decode")
-    single = host_copies == "single"
-    monkeypatch.setattr(module.pixel_settings, "cast_latent_on_device", single)
-    monkeypatch.setattr(pack_module("fastpath.pixels.finish").host_copy, "memmove", single)
+    if host_copies != "auto":
+        single = host_copies == "single"
+        monkeypatch.setattr(module.pixel_settings, "cast_latent_on_device", single)
+        monkeypatch.setattr(pack_module("fastpath.pixels.finish").host_copy, "memmove", single)
+        monkeypatch.setattr(pack_module("fastpath.pixels.finish").host_copy, "parts",
+                            1 if single else 4)
     assert module.device_finish_reason(vae, z) is None
     # Small pieces, so the staging buffers alternate within one decode.
     monkeypatch.setattr(pack_module("fastpath.pixels.finish"), "STAGE_BYTES", 3 * 2 * 48 * 4)

@@ -332,11 +332,23 @@ def test_host_memcpy_leaves_anything_else_to_torch(case):
     assert torch.equal(dest, src.to(dest.dtype).resolve_conj())
 
 
+# HostCopy.memmove: forced either way, or (None) by the whole output's size.
+@pytest.mark.parametrize("memmove,output_bytes,expected", [
+    (None, 12 << 20, True),  # a 1024² image
+    (None, 64 << 20, True),  # at the limit
+    (None, (64 << 20) + 4, False),  # a video's output: torch's pool
+    (True, 1 << 30, True),
+    (False, 4, False),
+])
+def test_host_copy_chooses_memmove_by_output_size(memmove, output_bytes, expected):
+    choice = pixel_finish.HostCopy(memmove=memmove, memmove_max_bytes=64 << 20)
+    assert choice.uses_memmove(output_bytes) is expected
+
+
 @pytest.mark.parametrize("memmove", [False, True])
 def test_ring_copies_out_of_its_pinned_buffer_as_set(monkeypatch, memmove):
-    """The ring's host-side step (``_drain``) goes through ``host_memcpy_`` exactly when
-    ``host_copy.memmove`` says so, and fills its target with the buffer's first n elements."""
-    monkeypatch.setattr(pixel_finish.host_copy, "memmove", memmove)
+    """The ring's host-side step (``_drain``) goes through ``host_memcpy_`` exactly when its
+    copier was made to, and fills its target with the buffer's first n elements."""
     calls = []
     real = pixel_finish.host_memcpy_
 
@@ -351,7 +363,7 @@ def test_ring_copies_out_of_its_pinned_buffer_as_set(monkeypatch, memmove):
     monkeypatch.setattr(pixel_finish, "host_memcpy_", noted)
     staging = pixel_finish._Staging.__new__(pixel_finish._Staging)
     staging.buffers = [torch.arange(10.0) + 100 * k for k in range(pixel_finish.RING)]
-    copier = pixel_finish._Copier(staging)
+    copier = pixel_finish._Copier(staging, memmove=memmove)
     target = torch.zeros(2, 3)
     copier.pending[1] = (Done(), target, 6)
     copier.flush()

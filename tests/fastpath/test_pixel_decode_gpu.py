@@ -16,7 +16,7 @@ from support.pixel_decode import _comfy_finish, _decoded, _reference, _stream_in
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("memmove", [False, True], ids=["copy_", "memmove"])  # host_copy
+@pytest.mark.parametrize("memmove", [False, True, None], ids=["copy_", "memmove", "by-size"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_staged_copy_from_the_gpu_is_exact(monkeypatch, dtype, memmove):
     if not torch.cuda.is_available():
