@@ -202,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "output handling (to measure what the pack's still gains)")
     bench.add_argument("--host-copies", choices=tuple(HOST_COPIES), default="auto",
                        help="auto (default): the pack's own choice (latent cast on the GPU; an "
-                            "image's copy-out by memmove in parts on the pack's threads, a "
-                            "video's by torch); pooled: the latent cast and every copy-out by "
+                            "output's copy-out by memmove in parts on the pack's threads up to "
+                            "32 MiB, by torch above); pooled: the latent cast and every copy-out by "
                             "torch on the host (its OpenMP pool); single: every copy-out as one "
                             "memmove; split: every copy-out as a memmove in parts (to measure "
                             "what the pool's spinning threads cost)")

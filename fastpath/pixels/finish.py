@@ -19,7 +19,7 @@ and pinned outputs would keep the largest video ever decoded page-locked in PyTo
 for the life of the process.
 
 The host-side copy out of a pinned buffer is a ``memmove`` (``host_memcpy_``) split over the
-pack's own threads, for outputs up to ``HostCopy.memmove_max_bytes`` (images), instead of
+pack's own threads, for outputs up to ``HostCopy.memmove_max_bytes`` (1024² images), instead of
 torch's ``copy_``: torch splits a large host copy over its OpenMP pool, whose threads then
 spin-wait for more work. On the 2-CPU CI host one 12 MiB ``copy_`` every 20 ms kept the other
 thread spinning 7 ms per copy, against none after ``memmove``. On the 16-CPU H200 host 15
@@ -28,10 +28,10 @@ threads (a pool's worth beside the decoding thread) each burned 25-49% of a CPU 
 plain torch calls on the decoding thread took up to 1.6x their host time, and the GPU waited
 for the host (two decodes of 25.0 and 22.5 ms ran the same kernels, 18.7 ms summed). One
 ``memmove`` on one thread was steady but slower than the pool (SDXL +4%); in 4 parts on
-threads that sleep between copies it was faster or level (``HostCopy``'s numbers). A video's
-output stays with ``copy_``: there the pool is busy from slice to slice, and a copy-out on the
-critical path (a whole LTX-2 output finished after its decode on 0.8, 571 MiB) ran 17-43% slower
-in 4 parts.
+threads that sleep between copies it was faster on 12 MiB outputs and 0.5-1.4% slower on 48 MiB
+(``HostCopy``'s numbers). Larger outputs stay with ``copy_``: the pool copies them faster, and
+a video keeps it busy from slice to slice (a whole LTX-2 output, 571 MiB, ran 17-43% slower in
+4 parts).
 """
 from __future__ import annotations
 
@@ -68,13 +68,16 @@ class HostCopy:
     # one and the pack's own threads the rest. Those threads block on a queue between copies
     # (they sleep; OpenMP's spin), and the page faults of a fresh destination spread with them.
     parts: int = 4
-    # memmove=None: outputs up to this size (images; 2048² RGB is 48 MiB) go by memmove, larger
-    # ones (video) by copy_, whose pool is busy from slice to slice and copies faster than the
-    # parts. Measured on the H200 host, one process, decodes interleaved (``.gpu/s6/ab.py``):
-    # SDXL / Flux 1024² ``high`` 4 parts against copy_ -8.0 / -8.5% on 0.8, -10.7 / -4.1% on
-    # 0.33 with glibc's own malloc, +0.8 / +2.0% with the bench's steady malloc; LTX-2
-    # 768x512x121 (571 MiB) +17.5% on 0.8 and +43% on 0.33; Wan 2.1 x33 -0.4%.
-    memmove_max_bytes: int = 64 << 20
+    # memmove=None: outputs up to this size (1024² images, SD1.5 batch 4) go by memmove, larger
+    # ones (2048² images, video) by copy_, whose pool copies a large output faster than the
+    # parts do (and is busy from slice to slice). Measured on the H200 host, one process each,
+    # decodes interleaved (``.gpu/s6/ab.py``), 4 parts against copy_, ``high``:
+    #   SDXL / Flux 1024² (12 MiB): -8.0 / -8.5% on 0.8; -10.7 / -4.1% on 0.33 with glibc's
+    #     own malloc, +0.8 / +2.0% with the bench's steady malloc; Qwen-Image 1024² one frame
+    #     -11.8% (0.33), +0.3% (0.8);
+    #   SDXL 2048² (48 MiB): +1.4% (0.33), +0.5% (0.8); 8 parts +1.9 / +1.1%;
+    #   LTX-2 768x512x121 (571 MiB): +43% (0.33), +17.5% (0.8); Wan 2.1 x33 (158 MiB) -0.4%.
+    memmove_max_bytes: int = 32 << 20
 
     def uses_memmove(self, output_bytes: int) -> bool:
         return self.memmove if self.memmove is not None else output_bytes <= self.memmove_max_bytes

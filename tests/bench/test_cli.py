@@ -374,7 +374,7 @@ def test_lossless_is_measured_beside_stock_before_any_fused_decode():
 
 
 @pytest.mark.parametrize("choice,memmove,parts,cast,recorded", [
-    ("auto", None, 4, True, "copy-out: memmove in 4 parts up to 64 MiB, else torch; latent cast on the device"),
+    ("auto", None, 4, True, "copy-out: memmove in 4 parts up to 32 MiB, else torch; latent cast on the device"),
     ("pooled", False, 4, False, "copy-out: torch; latent cast on the host"),
     ("single", True, 1, True, "copy-out: one memmove; latent cast on the device"),
     ("split", True, 4, True, "copy-out: memmove in 4 parts; latent cast on the device"),

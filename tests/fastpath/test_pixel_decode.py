@@ -335,13 +335,14 @@ def test_host_memcpy_leaves_anything_else_to_torch(case):
 # HostCopy.memmove: forced either way, or (None) by the whole output's size.
 @pytest.mark.parametrize("memmove,output_bytes,expected", [
     (None, 12 << 20, True),  # a 1024² image
-    (None, 64 << 20, True),  # at the limit
-    (None, (64 << 20) + 4, False),  # a video's output: torch's pool
+    (None, 32 << 20, True),  # at the limit
+    (None, 48 << 20, False),  # a 2048² image: torch's pool
+    (None, 571 << 20, False),  # a video's output
     (True, 1 << 30, True),
     (False, 4, False),
 ])
 def test_host_copy_chooses_memmove_by_output_size(memmove, output_bytes, expected):
-    choice = pixel_finish.HostCopy(memmove=memmove, memmove_max_bytes=64 << 20)
+    choice = pixel_finish.HostCopy(memmove=memmove, memmove_max_bytes=32 << 20)
     assert choice.uses_memmove(output_bytes) is expected
 
 
