@@ -17,6 +17,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+from typing import Callable
 
 import torch
 
@@ -202,9 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "output handling (to measure what the pack's still gains)")
     bench.add_argument("--host-copies", choices=tuple(HOST_COPIES), default="auto",
                        help="auto (default): the pack's own choice (latent cast on the GPU; an "
-                            "output's copy-out by memmove in parts on the pack's threads up to "
-                            "32 MiB, by torch above); pooled: the latent cast and every copy-out by "
-                            "torch on the host (its OpenMP pool); single: every copy-out as one "
+                            "output's copy-out by memmove in parts on the pack's threads up "
+                            "to 32 MiB, by torch above); pooled: the latent cast and every "
+                            "copy-out by torch on the host (its OpenMP pool); single: every "
+                            "copy-out as one "
                             "memmove; split: every copy-out as a memmove in parts (to measure "
                             "what the pool's spinning threads cost)")
     bench.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
@@ -284,6 +286,34 @@ def build_parser() -> argparse.ArgumentParser:
     modes.add_argument("--out", default=None,
                        help="folder for each round's bench JSON (default: a temporary folder)")
     modes.set_defaults(parser=modes, run=_modes, no_comfyui=False)
+
+    inter = sub.add_parser(
+        "interleave", help="the pack's run-time switches against each other on high, in one "
+                           "process, the variants taking turns decode by decode",
+        description="Decodes each case at quality high once per round under every --variant, "
+                    "in a shuffled order, and prints each variant's median against the first. "
+                    "A variant sets --host-copies and --kl-setting as bench takes them, from "
+                    "the switches as this process has them (ComfyUI flags need 'modes').")
+    inter.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
+                       help="repeatable, at least two, the first the baseline; e.g. "
+                            "--variant=pooled='--host-copies pooled' --variant=auto=")
+    inter.add_argument("--cases", default=None,
+                       help=f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)}; "
+                            f"without a CUDA GPU: {','.join(TINY_CASES)})")
+    inter.add_argument("--comfyui", default=None, help="ComfyUI tree (default: $COMFYUI_PATH)")
+    inter.add_argument("--comfyui-args", default="", help="ComfyUI flags, after '='")
+    inter.add_argument("--no-comfyui", action="store_true",
+                       help="use diffusers models even when COMFYUI_PATH is set")
+    inter.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
+    inter.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    inter.add_argument("--rounds", type=_count(1), default=15, help="default %(default)s")
+    inter.add_argument("--warmup", type=_count(0), default=2,
+                       help="untimed decodes per variant first (default %(default)s)")
+    inter.add_argument("--host-malloc", choices=("steady", "system"), default="steady",
+                       help="as bench's")
+    inter.add_argument("--seed", type=int, default=0)
+    inter.add_argument("--json", dest="json_path", default=None, help="write the times here")
+    inter.set_defaults(parser=inter, run=_interleave)
     return parser
 
 
@@ -446,6 +476,101 @@ def _apply_kl_setting(item: str) -> None:
     setattr(settings, name, value)
 
 
+def _apply_switches(host_copies: str | None, kl_settings: list[str]) -> None:
+    """Set the pack's run-time switches as ``--host-copies`` and ``--kl-setting`` say."""
+    for item in kl_settings:
+        _apply_kl_setting(item)
+    if host_copies is not None and HOST_COPIES[host_copies] is not None:
+        from ..fastpath.pixels.decode import pixel_settings
+        from ..fastpath.pixels.finish import host_copy
+
+        host_copy.memmove, host_copy.parts, pixel_settings.cast_latent_on_device = \
+            HOST_COPIES[host_copies]
+
+
+def _interleave(args) -> int:
+    from . import interleave
+    from .cases import TINY_CASES
+    from .run import log
+    from .subjects import build_subject, release
+    from .timing import timed_call
+
+    try:
+        variants = interleave.parse_variants(args.variant)
+    except ValueError as exc:
+        raise UsageError(f"--variant: {exc}") from None
+    parser = interleave.options_parser(tuple(HOST_COPIES))
+    chosen = {}
+    for v in variants:
+        try:
+            opts, extra = parser.parse_known_args(list(v.options))
+        except argparse.ArgumentError as exc:
+            raise UsageError(f"--variant {v.name}: {exc}") from None
+        if extra:
+            raise UsageError(f"--variant {v.name}: only --host-copies and --kl-setting can "
+                             f"change within a process; got {' '.join(extra)}")
+        chosen[v.name] = opts
+    comfyui, device, dtype = _backend(args)
+    cases = _cases(args, device)
+    switches = interleave.Switches()
+    for opts in chosen.values():  # every value checked before any model is built
+        _apply_switches(opts.host_copies, opts.kl_setting)
+        switches.restore()
+
+    def apply(opts) -> Callable[[], None]:
+        def set_variant() -> None:
+            switches.restore()
+            _apply_switches(opts.host_copies, opts.kl_setting)
+        return set_variant
+
+    applies = {name: apply(opts) for name, opts in chosen.items()}
+    nodes = None
+    if comfyui is not None:
+        from .comfyui import comfyui_path, setup_comfyui
+
+        nodes = setup_comfyui(comfyui_path(comfyui), shlex.split(args.comfyui_args))
+    if args.host_malloc == "steady":
+        from .hostmem import keep_freed_host_memory
+
+        log(f"host malloc: {keep_freed_host_memory()}")
+    times: dict[str, dict[str, list[float]]] = {}
+    try:
+        with torch.inference_mode():
+            for case in cases:
+                subject = build_subject(case, nodes=nodes, device=device, dtype=dtype,
+                                        seed=args.seed)
+                try:
+                    times[case.name] = interleave.run_interleaved(
+                        lambda s=subject: s.decode("high"), applies, args.rounds, args.warmup,
+                        lambda fn, s=subject: timed_call(fn, s.device)[0], seed=args.seed)
+                finally:
+                    release(subject)
+                log(f"{case.name}: {args.rounds} rounds of {len(variants)} variants")
+    finally:
+        switches.restore()
+    print(interleave.summary_table(times, variants))
+    if args.json_path:
+        import json
+
+        data = {"variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
+                "comfyui": comfyui, "comfyui_args": args.comfyui_args, "times_ms": times,
+                "small_cases": all(c.name in TINY_CASES for c in cases)}
+        pathlib.Path(args.json_path).write_text(json.dumps(data, indent=1))
+    return 0
+
+
+def _backend(args) -> tuple[str | None, torch.device | None, torch.dtype | None]:
+    """(ComfyUI tree, device, dtype): without a tree, diffusers' device and dtype by default;
+    with one, None where ComfyUI chooses."""
+    comfyui = _comfyui_tree(args)
+    device = _device(args.device)
+    dtype = _dtype(args.dtype)
+    if comfyui is None:
+        device = device or _default_device()
+        dtype = dtype or _default_dtype(device)
+    return comfyui, device, dtype
+
+
 def _comfyui_tree(args):
     """The ComfyUI tree to load (checked now, before any work), or None for diffusers."""
     from .comfyui import ENV_VAR, comfyui_path
@@ -503,12 +628,7 @@ def _bench(args) -> int:
         return 0
     from .run import BenchOptions, run_bench
 
-    comfyui = _comfyui_tree(args)
-    device = _device(args.device)
-    dtype = _dtype(args.dtype)
-    if comfyui is None:
-        device = device or _default_device()
-        dtype = dtype or _default_dtype(device)
+    comfyui, device, dtype = _backend(args)
     precisions = _precisions(args.precisions)
     try:
         comfyui_args = shlex.split(args.comfyui_args)
@@ -519,16 +639,11 @@ def _bench(args) -> int:
         raise UsageError("--report needs --json (the report is made from the saved results)")
     for flag, path in (("--json", args.json_path), ("--crops-npz", args.crops_npz)):
         _writable_place(path, flag)
-    for item in args.kl_setting:
-        _apply_kl_setting(item)
-    from ..fastpath.pixels.decode import pixel_settings
-    from ..fastpath.pixels.finish import host_copy
-
+    _apply_switches(args.host_copies, args.kl_setting)
     if args.pixel_finish == "comfyui":
+        from ..fastpath.pixels.decode import pixel_settings
+
         pixel_settings.device_finish = False
-    if HOST_COPIES[args.host_copies] is not None:
-        host_copy.memmove, host_copy.parts, pixel_settings.cast_latent_on_device = \
-            HOST_COPIES[args.host_copies]
     cases = _cases(args, device)
     if args.triton_cache == "fresh":
         _fresh_triton_cache()

@@ -71,7 +71,7 @@ class HostCopy:
     # memmove=None: outputs up to this size (1024² images, SD1.5 batch 4) go by memmove, larger
     # ones (2048² images, video) by copy_, whose pool copies a large output faster than the
     # parts do (and is busy from slice to slice). Measured on the H200 host, one process each,
-    # decodes interleaved (``.gpu/s6/ab.py``), 4 parts against copy_, ``high``:
+    # decodes interleaved (as the ``interleave`` command does), 4 parts against copy_, ``high``:
     #   SDXL / Flux 1024² (12 MiB): -8.0 / -8.5% on 0.8; -10.7 / -4.1% on 0.33 with glibc's
     #     own malloc, +0.8 / +2.0% with the bench's steady malloc; Qwen-Image 1024² one frame
     #     -11.8% (0.33), +0.3% (0.8);

@@ -6,8 +6,6 @@ bench's numbers are only checked for presence and type, its correctness flags fo
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import pathlib
@@ -20,6 +18,7 @@ from conftest import REPO
 
 from fast_vae_decode.bench.cli import main
 from fast_vae_decode.bench.results import SCHEMA, read_json
+from support.cli import run_cli
 
 # Every field a measured row must carry (the later Markdown/plot report reads these).
 MEASURED_FIELDS = (
@@ -33,13 +32,6 @@ MEASURED_FIELDS = (
 # Cheapest settings that still run every step once: no warm-up, one timed decode per path,
 # the usual Triton cache (a fresh one would only cost compile time), never ComfyUI here.
 QUICK = ["--repeats", "1", "--warmup", "0", "--triton-cache", "keep", "--no-comfyui"]
-
-
-def run_cli(argv: list[str]) -> tuple[int, str]:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        code = main(argv)
-    return code, out.getvalue()
 
 
 def test_demo_writes_the_high_image(tmp_path):

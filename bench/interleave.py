@@ -1,0 +1,116 @@
+"""The pack's own switches compared on ``high`` in one process, variant by variant per decode.
+
+Between processes the same code measured SDXL 1024² ``high`` anywhere from 24.7 to 41.7 ms on
+the H200 host (each process gets its own host speed: where its threads land, what wakes
+beside them), so two bench processes per setting cannot resolve a few percent (``modes``
+needs rounds for that). A switch that can be flipped at run time (the KL settings, the host
+copies) needs no second process: here every variant decodes once per round, in a shuffled
+order, so whatever the process's host does falls on all of them alike, and a 2-3% difference
+stands out of a 15-round median. Every variant starts from the switches as the process had
+them (the pack's defaults, or what the command line set) and applies only its own options.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import shlex
+import statistics
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    options: tuple[str, ...]  # the bench options it applies (--host-copies, --kl-setting)
+
+
+def parse_variant(text: str) -> Variant:
+    """``NAME=OPTIONS`` (``split+nib=--host-copies split --kl-setting norm_input_bias=true``);
+    ValueError for a missing name or options a shell could not split."""
+    name, sep, options = text.partition("=")
+    name = name.strip()
+    if not sep or not name:
+        raise ValueError(f"expected NAME=OPTIONS (OPTIONS may be empty); got {text!r}")
+    return Variant(name, tuple(shlex.split(options)))
+
+
+def parse_variants(texts: list[str]) -> list[Variant]:
+    variants = [parse_variant(t) for t in texts]
+    names = [v.name for v in variants]
+    if len(variants) < 2:
+        raise ValueError("give at least two --variant (the first is the baseline)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"variant names repeat: {', '.join(names)}")
+    return variants
+
+
+def options_parser(host_copies: tuple[str, ...]) -> argparse.ArgumentParser:
+    """What a variant may set: the run-time switches ``bench`` also takes."""
+    parser = argparse.ArgumentParser(prog="--variant", add_help=False, exit_on_error=False)
+    parser.add_argument("--host-copies", choices=host_copies, default=None)
+    parser.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE")
+    return parser
+
+
+class Switches:
+    """The run-time switches' values as they are now, to go back to before each variant."""
+
+    def __init__(self):
+        from ..fastpath.families.kl.settings import settings
+        from ..fastpath.pixels.decode import pixel_settings
+        from ..fastpath.pixels.finish import host_copy
+
+        self.objects = (settings, pixel_settings, host_copy)
+        self.saved = [dataclasses.replace(o) for o in self.objects]
+
+    def restore(self) -> None:
+        for live, saved in zip(self.objects, self.saved, strict=True):
+            for f in dataclasses.fields(live):
+                setattr(live, f.name, getattr(saved, f.name))
+
+
+def schedule(names: list[str], rounds: int, seed: int = 0) -> list[str]:
+    """Every name once per round, each round in its own seeded shuffle."""
+    rng = random.Random(seed)
+    order: list[str] = []
+    for _ in range(rounds):
+        shuffled = list(names)
+        rng.shuffle(shuffled)
+        order += shuffled
+    return order
+
+
+def run_interleaved(decode: Callable[[], Any], applies: dict[str, Callable[[], None]],
+                    rounds: int, warmup: int, timed: Callable[[Callable[[], Any]], float],
+                    seed: int = 0) -> dict[str, list[float]]:
+    """Each variant's ``timed(decode)`` milliseconds, one per round, after ``warmup`` untimed
+    decodes each (the first decode under a setting may build or compile what it needs)."""
+    names = list(applies)
+    for name in names:
+        applies[name]()
+        for _ in range(warmup):
+            decode()
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for name in schedule(names, rounds, seed):
+        applies[name]()
+        times[name].append(timed(decode))
+    return times
+
+
+def summary_table(times: dict[str, dict[str, list[float]]], variants: list[Variant]) -> str:
+    """Markdown: per case and variant the median (quartiles, rounds) and against the first."""
+    base = variants[0].name
+    rows = ["| case | variant | options | high ms, median (q1-q3, rounds) | vs " + base + " |",
+            "| --- | --- | --- | --- | --- |"]
+    for case, by_variant in times.items():
+        reference = statistics.median(by_variant[base])
+        for v in variants:
+            t = sorted(by_variant[v.name])
+            q1, q3 = t[len(t) // 4], t[(3 * len(t)) // 4]
+            median = statistics.median(t)
+            change = "—" if v.name == base else f"{100 * (median / reference - 1):+.1f}%"
+            rows.append(f"| {case} | {v.name} | {' '.join(v.options) or '(as set)'} | "
+                        f"{median:.1f} ({q1:.1f}-{q3:.1f}, {len(t)}) | {change} |")
+    return "\n".join(rows)

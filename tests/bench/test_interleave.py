@@ -1,0 +1,110 @@
+"""``interleave``: the pack's run-time switches compared in one process, decode by decode."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fast_vae_decode.bench import interleave
+from fast_vae_decode.fastpath.families.kl.settings import settings as kl_settings
+from fast_vae_decode.fastpath.pixels.decode import pixel_settings
+from fast_vae_decode.fastpath.pixels.finish import host_copy
+from support.cli import run_cli
+
+
+def test_a_variant_is_a_name_and_bench_options():
+    v = interleave.parse_variant("split+nib=--host-copies split --kl-setting 'norm_input_bias=true'")
+    assert v == interleave.Variant("split+nib", ("--host-copies", "split", "--kl-setting",
+                                                 "norm_input_bias=true"))
+    assert interleave.parse_variant("as-set=").options == ()
+
+
+@pytest.mark.parametrize("texts,message", [
+    (["a=", "--host-copies split"], "NAME=OPTIONS"),  # no name
+    (["a="], "at least two"),  # nothing to compare with
+    (["a=", "a=--host-copies split"], "repeat"),
+    (["a=", "b=--kl-setting 'x"], "quotation"),  # shlex cannot split it
+])
+def test_bad_variants_say_what_was_expected(texts, message):
+    with pytest.raises(ValueError, match=message):
+        interleave.parse_variants(texts)
+
+
+def test_every_round_runs_every_variant_once_in_its_own_order():
+    names = ["a", "b", "c", "d"]
+    order = interleave.schedule(names, rounds=10, seed=3)
+    rounds = [order[i:i + 4] for i in range(0, 40, 4)]
+    assert all(sorted(r) == names for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1  # shuffled, not one fixed order
+    assert order == interleave.schedule(names, rounds=10, seed=3)
+
+
+def test_each_decode_runs_under_its_own_variant():
+    """Warm-up decodes first per variant, then one timed decode per variant and round, each
+    with that variant's switch live."""
+    live = {"value": None}
+    seen: list[str] = []
+    applies = {name: (lambda n=name: live.__setitem__("value", n)) for name in ("x", "y", "z")}
+
+    def decode():
+        seen.append(live["value"])
+
+    def timed(fn):
+        fn()
+        return {"x": 1.0, "y": 2.0, "z": 3.0}[live["value"]]
+
+    times = interleave.run_interleaved(decode, applies, rounds=5, warmup=2, timed=timed)
+    assert seen[:6] == ["x", "x", "y", "y", "z", "z"]
+    assert times == {"x": [1.0] * 5, "y": [2.0] * 5, "z": [3.0] * 5}
+    assert sorted(seen[6:]) == sorted(["x", "y", "z"] * 5)
+
+
+def test_switches_go_back_to_what_the_process_had(monkeypatch):
+    monkeypatch.setattr(kl_settings, "norm_input_bias", True)
+    monkeypatch.setattr(host_copy, "parts", 4)
+    switches = interleave.Switches()
+    kl_settings.norm_input_bias, host_copy.parts = False, 1
+    pixel_settings.cast_latent_on_device = not pixel_settings.cast_latent_on_device
+    switches.restore()
+    assert kl_settings.norm_input_bias is True and host_copy.parts == 4
+    assert switches.saved[1].cast_latent_on_device == pixel_settings.cast_latent_on_device
+
+
+def test_summary_compares_each_variant_with_the_first():
+    variants = [interleave.Variant("a", ()), interleave.Variant("b", ("--host-copies", "split"))]
+    table = interleave.summary_table({"case": {"a": [10.0, 10.0, 10.0], "b": [9.0, 9.5, 9.0]}},
+                                     variants)
+    assert "| case | a | (as set) | 10.0 (10.0-10.0, 3) | — |" in table
+    assert "| case | b | --host-copies split | 9.0 (9.0-9.5, 3) | -10.0% |" in table
+
+
+def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_path):
+    pytest.importorskip("diffusers")
+    before = (kl_settings.norm_input_bias, host_copy.memmove, host_copy.parts,
+              pixel_settings.cast_latent_on_device)
+    path = tmp_path / "interleave.json"
+    code, out = run_cli(["interleave", "--no-comfyui", "--cases", "tiny-sdxl", "--rounds", "3",
+                         "--warmup", "1", "--json", str(path),
+                         "--variant", "pooled=--host-copies pooled",
+                         "--variant", "nib-off=--kl-setting norm_input_bias=false",
+                         "--variant", "as-set="])
+    assert code == 0
+    assert "| tiny-sdxl | nib-off | --kl-setting norm_input_bias=false |" in out
+    data = json.loads(path.read_text())
+    assert {name: len(t) for name, t in data["times_ms"]["tiny-sdxl"].items()} == \
+        {"pooled": 3, "nib-off": 3, "as-set": 3}
+    assert data["variants"]["pooled"] == ["--host-copies", "pooled"]
+    assert (kl_settings.norm_input_bias, host_copy.memmove, host_copy.parts,
+            pixel_settings.cast_latent_on_device) == before
+
+
+@pytest.mark.parametrize("variant,message", [
+    ("b=--pixel-finish comfyui", "only --host-copies and --kl-setting"),  # not a run-time switch
+    ("b=--host-copies nope", "invalid choice"),
+    ("b=--kl-setting no_such=1", "NAME one of"),  # checked before any model is built
+])
+def test_interleave_refuses_what_it_cannot_switch(variant, message, capsys):
+    code, _ = run_cli(["interleave", "--no-comfyui", "--cases", "tiny-sdxl",
+                       "--variant", "a=", "--variant", variant])
+    assert code == 2
+    assert message in capsys.readouterr().err
