@@ -24,10 +24,13 @@ scale)`` pass 2 folds it into the shift, so pass 3 is unchanged. A conv whose ou
 this norm then needs no bias pass of its own (one read and one write of x fewer), and the sum
 is not rounded to x.dtype before its statistics (closer to fp32 than adding first).
 
-Not done yet, noted for later: a residual add could be fused. In a ResnetBlock the sum
-``x + h`` is both the next block's residual and the next GroupNorm's input, so it must be written
-anyway; pass 1 could read x and h, write the sum and take its statistics in the same sweep
-(5 passes over memory instead of 6 for add + norm).
+A residual add handed over (``add_bias_residual_group_stats_``): in a ResnetBlock the sum
+``out + bias + residual`` is both the next block's residual and the next GroupNorm's input, so
+it is written anyway. Pass 1 can form it (``bias_residual_add``'s order and single rounding),
+store it in place of ``out`` and take the statistics of the stored values in the same sweep;
+``group_norm_silu(..., stats=)`` then starts at pass 2: five passes over memory instead of six
+for add + norm, one launch fewer. The statistics are of the rounded sum, in the same lanes and
+splits as pass 1 would take them, so the norm is bit-identical to adding first.
 
 Every per-sample offset is formed in int64 (C*H*W of one sample can exceed 2^31); offsets inside a
 tile stay int32.
@@ -221,6 +224,58 @@ def _launch_plan(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLU
                        _cdiv(n * num_groups * splits, 4) * 4, _cdiv(n * c, 4) * 4)
 
 
+class GroupStats(NamedTuple):
+    """Pass 1's partial statistics of one tensor, for ``group_norm_silu(..., stats=)``."""
+
+    problem: tuple  # (n, c, hw, num_groups, config): the launch plan they were taken with
+    part_mean: torch.Tensor
+    part_m2: torch.Tensor
+
+
+def add_bias_residual_group_stats_(
+    out: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None,
+    num_groups: int,
+    *,
+    config: GroupNormSiLUConfig | None = None,
+) -> GroupStats | None:
+    """``out += bias (+ residual)`` in place, rounded once as ``bias_residual_add_`` does, and
+    the group statistics of the result (the module's note); None, with ``out`` untouched, where
+    ``group_norm_silu_unsupported`` or the residual's layout says no."""
+    if group_norm_silu_unsupported(out, None, None, num_groups, bias) is not None:
+        return None
+    if residual is not None and (residual.shape != out.shape or residual.stride() != out.stride()
+                                 or residual.dtype != out.dtype or residual.device != out.device
+                                 or autograd_reason(residual) is not None):
+        return None
+    n, c, h, w = out.shape
+    if config is None:
+        config = group_norm_silu_config(n, c, h * w, num_groups, _sm_count(out.device))
+    plan = _launch_plan(n, c, h * w, num_groups, config)
+    ws = torch.empty(2 * plan.parts, device=out.device, dtype=torch.float32)
+    part_mean, part_m2 = ws[:plan.parts], ws[plan.parts:]
+    _launch_stats(out, bias, residual, part_mean, part_m2, num_groups, config, plan,
+                  write_sum=True)
+    return GroupStats((n, c, h * w, num_groups, config), part_mean, part_m2)
+
+
+def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, plan,
+                  write_sum: bool) -> None:
+    n, c, h, w = x.shape
+    in_bias = None if in_bias is None else in_bias.contiguous()
+    with on_device(x.device):
+        launch(_group_norm_stats_kernel, (plan.splits, n),
+            x, in_bias if in_bias is not None else part_mean,  # unused unless HAS_IN_BIAS
+            residual if residual is not None else x,  # unused unless HAS_RES
+            part_mean, part_m2, h * w, plan.pix_per_program, plan.splits,
+            C=c, G=num_groups, CPG=c // num_groups, HAS_IN_BIAS=in_bias is not None,
+            HAS_RES=residual is not None, WRITE_SUM=write_sum,
+            BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=plan.block_g,
+            num_warps=config.stats_warps,
+        )
+
+
 def group_norm_silu(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -231,12 +286,16 @@ def group_norm_silu(
     *,
     input_bias: torch.Tensor | None = None,
     config: GroupNormSiLUConfig | None = None,
+    stats: GroupStats | None = None,
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
     module's note); a new channels-last tensor of x.dtype.
 
-    Returns None when ``group_norm_silu_unsupported`` gives a reason: the caller falls back to
-    the stock module. ``config`` overrides the heuristic.
+    ``stats``: pass 1's statistics of x as ``add_bias_residual_group_stats_`` took them while
+    writing x; used where they were taken for this problem and launch plan, else pass 1 runs.
+    The caller vouches that x has not changed since. Returns None when
+    ``group_norm_silu_unsupported`` gives a reason: the caller falls back to the stock module.
+    ``config`` overrides the heuristic.
     """
     if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
         return None
@@ -248,27 +307,31 @@ def group_norm_silu(
     plan = _launch_plan(n, c, hw, num_groups, config)
     splits, pix_per_program = plan.splits, plan.pix_per_program
     apply_tiles_per_program = plan.apply_tiles_per_program
-    block_g, block_cpg = plan.block_g, plan.block_cpg
+    block_cpg = plan.block_cpg
 
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     input_bias = None if input_bias is None else input_bias.contiguous()
-    # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits], then the
-    # per-channel scale and shift [n, C]; each piece starts 16-byte aligned for vector loads.
-    parts, chans = plan.parts, plan.chans
+    if stats is not None and (input_bias is not None or stats.part_mean.device != x.device
+                              or stats.problem != (n, c, hw, num_groups, config)):
+        stats = None  # taken for another problem or plan (or x + input_bias was asked)
+    # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits] (unless
+    # handed over), then the per-channel scale and shift [n, C]; each piece starts 16-byte
+    # aligned for vector loads.
+    parts = 0 if stats is not None else plan.parts
+    chans = plan.chans
     ws = torch.empty(2 * parts + 2 * chans, device=x.device, dtype=torch.float32)
-    part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
+    if stats is not None:
+        part_mean, part_m2 = stats.part_mean, stats.part_m2
+    else:
+        part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
     scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
     out = torch.empty_like(x, memory_format=torch.channels_last)
 
+    if stats is None:
+        _launch_stats(x, input_bias, None, part_mean, part_m2, num_groups, config, plan,
+                      write_sum=False)
     with on_device(x.device):
-        launch(_group_norm_stats_kernel, (splits, n),
-            x, input_bias if input_bias is not None else part_mean,  # unused unless HAS_IN_BIAS
-            part_mean, part_m2, hw, pix_per_program, splits,
-            C=c, G=num_groups, CPG=cpg, HAS_IN_BIAS=input_bias is not None,
-            BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=block_g,
-            num_warps=config.stats_warps,
-        )
         launch(_group_norm_finalize_kernel, (num_groups, n),
             part_mean, part_m2,
             weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
@@ -295,12 +358,30 @@ def group_norm_silu(
 # 16 in every VAE), so the loads vectorize without them.
 if triton is not None:
 
+    @triton.jit
+    def _stats_input(x, x_ptrs, res_ptrs, mask, in_bias,
+                     HAS_IN_BIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr):
+        """A loaded tile as pass 1 takes its statistics: + the input bias, and under WRITE_SUM
+        + the residual, stored in x's dtype and read back as stored."""
+        if HAS_IN_BIAS:
+            x += in_bias
+        if WRITE_SUM:
+            if HAS_RES:
+                x += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+            stored = x.to(x_ptrs.dtype.element_ty)
+            tl.store(x_ptrs, stored, mask=mask)
+            x = stored.to(tl.float32)
+        return x
+
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_stats_kernel(
-        x_ptr, in_bias_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
+        x_ptr, in_bias_ptr, res_ptr, mean_ptr, m2_ptr, HW, PIX_PER_PROGRAM, SPLITS,
         C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
+        HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
     ):
+        # WRITE_SUM: x := round(x + in_bias (+ res)) stored in place, statistics of the stored
+        # values (``add_bias_residual_group_stats_``); else statistics of x (+ in_bias), x kept.
         split = tl.program_id(0)
         n = tl.program_id(1)
         p0 = split * PIX_PER_PROGRAM
@@ -312,7 +393,9 @@ if triton is not None:
         c = tl.arange(0, BLOCK_C)
         c_ok = (c < C)[None, :]
         tile = offs_p * C + c[None, :]
-        ptr = x_ptr + (n.to(tl.int64) * HW + p0) * C
+        base = (n.to(tl.int64) * HW + p0) * C
+        ptr = x_ptr + base
+        rptr = res_ptr + base
 
         # One Welford accumulator per lane (pixel slot, channel); groups only matter when the
         # lanes are combined at the end. Every valid lane has seen k + 1 values after full tile k,
@@ -328,8 +411,9 @@ if triton is not None:
                 x = tl.load(ptr + tile).to(tl.float32)
             else:
                 x = tl.load(ptr + tile, mask=c_ok, other=0.0).to(tl.float32)
-            if HAS_IN_BIAS:
-                x += in_bias
+            x = _stats_input(x, ptr + tile, rptr + tile, c_ok, in_bias,
+                             HAS_IN_BIAS, HAS_RES, WRITE_SUM)
+            rptr += BLOCK_P * C
             delta = x - mean
             mean += delta * (1.0 / (k + 1.0))
             m2 += delta * (x - mean)
@@ -338,8 +422,8 @@ if triton is not None:
         if rem > 0:
             ok = pix_ok & c_ok
             x = tl.load(ptr + tile, mask=ok, other=0.0).to(tl.float32)
-            if HAS_IN_BIAS:
-                x += in_bias
+            x = _stats_input(x, ptr + tile, rptr + tile, ok, in_bias,
+                             HAS_IN_BIAS, HAS_RES, WRITE_SUM)
             delta = x - mean
             mean += tl.where(ok, delta * (1.0 / (nfull + 1.0)), 0.0)
             m2 += tl.where(ok, delta * (x - mean), 0.0)

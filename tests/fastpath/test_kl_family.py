@@ -141,6 +141,55 @@ def test_norm_input_bias_folds_conv1_bias_into_norm2(tiny, monkeypatch):
     assert blocks > 0 and passes[False] - passes[True] == blocks
 
 
+def test_residual_norm_stats_skip_statistics_passes_and_change_no_bit(tiny, monkeypatch):
+    """``residual_norm_stats``: a resnet block's closing add hands its sum's statistics to the
+    next norm, which skips its own statistics pass; the decode is bit-identical to the setting
+    off (same sum, same statistics, same norm). Blocks followed by a norm hand over; the last
+    block before an upsampler's conv hands statistics nobody takes."""
+    from fast_vae_decode.kernels import group_norm_silu as gns
+
+    model, _, z, _, _ = tiny
+    real_stats, real_take = gns._launch_stats, kl_ops.take_handed_stats
+    outs, own_passes, handed = {}, {}, {}
+    for value in (False, True):
+        passes, taken = [], []
+        monkeypatch.setattr(gns, "_launch_stats", lambda *a, passes=passes, **k: (
+            passes.append(k["write_sum"]), real_stats(*a, **k))[1])
+        monkeypatch.setattr(kl_ops, "take_handed_stats", lambda x, taken=taken: (
+            lambda s: (taken.append(s is not None), s)[1])(real_take(x)))
+        monkeypatch.setattr(kl_settings.settings, "residual_norm_stats", value)
+        outs[value], stats = _decode(model, z, is_open=True)
+        assert stats.fallbacks == {} and stats.fused_calls == TINY_FUSED
+        own_passes[value] = passes.count(False)
+        handed[value] = (passes.count(True), sum(taken))
+    assert torch.equal(outs[True], outs[False])
+    written, used = handed[True]
+    assert handed[False] == (0, 0) and used >= 1 and written >= used
+    assert own_passes[False] - own_passes[True] == used
+
+
+def test_handed_statistics_are_dropped_by_a_stock_path_between(monkeypatch):
+    """Only a norm of the very tensor they were taken of uses them, and a block on its stock
+    path in between clears them (it could have written anything)."""
+    x = torch.zeros(1, 32, 2, 2).contiguous(memory_format=torch.channels_last)
+    other = torch.zeros_like(x)
+    with kl_ops.channels_last_decode():
+        kl_ops.hand_off_stats(x, "stats")
+        assert kl_ops.take_handed_stats(other) is None
+        assert kl_ops.take_handed_stats(x) is None  # taken (and lost) by the other norm's call
+        kl_ops.hand_off_stats(x, "stats")
+        assert kl_ops.take_handed_stats(x) == "stats"
+
+        class Stock(kl_ops.StockLayoutGuard, torch.nn.Identity):
+            pass
+
+        kl_ops.hand_off_stats(x, "stats")
+        Stock()(x.contiguous())  # a stock path runs
+        assert kl_ops.take_handed_stats(x) is None
+    kl_ops.hand_off_stats(x, "stats")  # outside a fused decode nothing is kept
+    assert kl_ops.take_handed_stats(x) is None
+
+
 def test_flux2_and_flux_layouts_are_recognised():
     flux = tiny_vae(latent=16, use_quant_conv=False, use_post_quant_conv=False)
     assert install.install_fast_path(flux).fused == TINY_FUSED

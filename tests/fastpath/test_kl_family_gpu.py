@@ -51,3 +51,23 @@ def test_full_size_high_vs_lossless_psnr(arch, norm_input_bias, monkeypatch):
     assert torch.isfinite(high).all()
     assert high.is_contiguous() and high.shape == lossless.shape == (1, 3, 1024, 1024)
     assert _psnr(high, lossless) >= 50.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", sorted(FULL))
+def test_full_size_residual_norm_stats_change_no_bit(arch, monkeypatch):
+    """``residual_norm_stats`` at real sizes: the statistics handed from each resnet block's
+    closing add to the next norm give the decode the setting off gives, bit for bit."""
+    from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+
+    config = _config(**FULL[arch])
+    config["layers_per_block"] = 2
+    model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)
+    install.install_fast_path(model)
+    z = _latent((1, FULL[arch]["latent"], 128, 128), device="cuda", dtype=torch.bfloat16)
+    outs = {}
+    for value in (False, True):
+        monkeypatch.setattr(kl_settings.settings, "residual_norm_stats", value)
+        outs[value], stats = _decode(model, z, is_open=True)
+        assert stats.fallbacks == {}
+    assert torch.equal(outs[True], outs[False])

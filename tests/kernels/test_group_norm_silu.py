@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fast_vae_decode.kernels.bias_residual_add import bias_residual_add_
 from fast_vae_decode.kernels.group_norm_silu import (
     GroupNormSiLUConfig,
+    add_bias_residual_group_stats_,
     group_norm_silu,
     group_norm_silu_reference,
     group_norm_silu_unsupported,
@@ -101,6 +103,80 @@ def test_input_bias_matches_adding_it_first():
     folded = group_norm_silu(x, weight, bias, 32, EPS, config=TINY, input_bias=input_bias)
     added = group_norm_silu(summed, weight, bias, 32, EPS, config=TINY)
     torch.testing.assert_close(folded, added, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_residual_add_hands_its_statistics_to_the_norm(shape, dtype, config):
+    """``add_bias_residual_group_stats_`` writes what ``bias_residual_add_`` writes (one fp32
+    sum in its order, rounded once the same way), and the norm started from its statistics is
+    bit-identical to the norm of the written sum taking its own."""
+    n, c, h, w, g = shape
+    out = _input(n, c, h, w, dtype, seed=2)
+    residual = _input(n, c, h, w, dtype, mean=-2.0, seed=3)
+    conv_bias = (torch.randn(c, generator=torch.Generator().manual_seed(7)) * 2.0).to(dtype)
+    expected_sum = bias_residual_add_(out.clone(memory_format=torch.channels_last), conv_bias,
+                                      residual)
+    stats = add_bias_residual_group_stats_(out, conv_bias, residual, g, config=config)
+    assert stats is not None
+    assert torch.equal(out, expected_sum)
+    weight, bias = _affine(c, dtype=dtype)
+    handed = group_norm_silu(out, weight, bias, g, EPS, config=config, stats=stats)
+    own = group_norm_silu(out, weight, bias, g, EPS, config=config)
+    assert torch.equal(handed, own)
+    _check(out, weight, bias, g, config=config)  # and both are the norm of the sum
+
+
+@pytest.mark.parametrize("case", ["no residual", "no bias", "residual is out"])
+def test_residual_add_statistics_without_some_addend(case):
+    """Either addend may be missing, and the residual may be ``out`` itself (each element is
+    read before it is written, by the same program)."""
+    out = _input(1, 64, 5, 6, torch.bfloat16, seed=4)
+    residual = _input(1, 64, 5, 6, torch.bfloat16, seed=5)
+    conv_bias = torch.randn(64, generator=torch.Generator().manual_seed(8)).to(torch.bfloat16)
+    bias_arg, res_arg = {"no residual": (conv_bias, None), "no bias": (None, residual),
+                         "residual is out": (conv_bias, out)}[case]
+    copy = out.clone(memory_format=torch.channels_last)
+    expected = bias_residual_add_(copy, bias_arg, copy if case == "residual is out" else res_arg)
+    stats = add_bias_residual_group_stats_(out, bias_arg, res_arg, 32, config=TINY)
+    assert torch.equal(out, expected)
+    own = group_norm_silu(out, None, None, 32, EPS, config=TINY)
+    assert torch.equal(group_norm_silu(out, None, None, 32, EPS, config=TINY, stats=stats), own)
+
+
+def test_handed_statistics_of_another_problem_are_not_used():
+    """Statistics taken for another group count or launch plan are ignored (pass 1 runs), and
+    an input-bias norm never takes them (its statistics are of x + b, not of x)."""
+    out = _input(1, 64, 6, 6, torch.float32, seed=6)
+    stats = add_bias_residual_group_stats_(out, None, _input(1, 64, 6, 6, torch.float32), 32,
+                                           config=TINY)
+    wrong = stats._replace(part_mean=torch.full_like(stats.part_mean, 1e3))
+    own8 = group_norm_silu(out, None, None, 8, EPS, config=TINY)
+    assert torch.equal(group_norm_silu(out, None, None, 8, EPS, config=TINY, stats=wrong), own8)
+    own = group_norm_silu(out, None, None, 32, EPS)  # the default plan, not TINY's
+    assert torch.equal(group_norm_silu(out, None, None, 32, EPS, stats=wrong), own)
+    in_bias = torch.ones(64)
+    with_bias = group_norm_silu(out, None, None, 32, EPS, config=TINY, input_bias=in_bias)
+    assert torch.equal(group_norm_silu(out, None, None, 32, EPS, config=TINY, stats=wrong,
+                                       input_bias=in_bias), with_bias)
+
+
+@pytest.mark.parametrize("case", ["residual strides", "residual dtype", "contiguous out"])
+def test_residual_add_statistics_decline_what_they_cannot_take(case):
+    """None, and ``out`` untouched, where the residual does not match ``out`` or ``out`` is not
+    channels-last (the caller adds with ``bias_residual_add_`` instead)."""
+    out = _input(1, 32, 4, 4, torch.float32)
+    residual = _input(1, 32, 4, 4, torch.float32, seed=9)
+    if case == "residual strides":
+        residual = residual.contiguous()
+    elif case == "residual dtype":
+        residual = residual.to(torch.bfloat16)
+    else:
+        out = out.contiguous()
+    before = out.clone()
+    assert add_bias_residual_group_stats_(out, None, residual, 32) is None
+    assert torch.equal(out, before)
 
 
 def test_kernel_fp16():

@@ -9,7 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fast_vae_decode.kernels.group_norm_silu import group_norm_silu, group_norm_silu_reference
+from fast_vae_decode.kernels.bias_residual_add import bias_residual_add_
+from fast_vae_decode.kernels.group_norm_silu import (
+    add_bias_residual_group_stats_,
+    group_norm_silu,
+    group_norm_silu_reference,
+)
 from support.group_norm_silu_inputs import EPS, TOL, _affine, _check, _input
 
 # On the GPU, groups hold 10^5..10^6 elements summed in different orders (the reference's
@@ -38,6 +43,26 @@ def test_gpu_matches_reference(shape, dtype):
         _check(x, weight, bias, g, tol=GPU_TOL[dtype])
         _check(x, None, None, g, silu=False, tol=GPU_TOL[dtype])
         _check(x, weight, bias, g, tol=GPU_TOL[dtype], input_bias=input_bias)  # a conv's bias
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(1, 512, 128, 128, 32), (1, 128, 1024, 1024, 32),
+                                   (2, 256, 256, 256, 32)], ids=["512x128", "128x1024", "2x256x256"])
+def test_gpu_residual_add_hands_its_statistics_to_the_norm(shape):
+    """At real sizes, the handed-over statistics: the sum as ``bias_residual_add_`` writes it
+    (same rounding on the GPU), and the norm bit-identical to the one taking its own."""
+    n, c, h, w, g = shape
+    with torch.inference_mode():
+        out = _input(n, c, h, w, torch.bfloat16, device="cuda", seed=2)
+        residual = _input(n, c, h, w, torch.bfloat16, mean=-2.0, device="cuda", seed=3)
+        conv_bias = torch.randn(c, device="cuda").to(torch.bfloat16)
+        expected = bias_residual_add_(out.clone(memory_format=torch.channels_last), conv_bias,
+                                      residual)
+        stats = add_bias_residual_group_stats_(out, conv_bias, residual, g)
+        assert stats is not None and torch.equal(out, expected)
+        weight, bias = _affine(c, device="cuda", dtype=torch.bfloat16)
+        own = group_norm_silu(out, weight, bias, g, EPS)
+        assert torch.equal(group_norm_silu(out, weight, bias, g, EPS, stats=stats), own)
 
 
 @pytest.mark.cuda

@@ -94,13 +94,16 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         else:
             h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
         out = conv2d(conv2, h, use_bias=False)
+        # The sum is the next block's norm input; changed after the add, nothing is handed on.
+        groups = norm1.num_groups if out_scale == 1 else None
         if shortcut is None:
-            add_bias_residual_(out, bias_of(conv2), xc)
+            add_bias_residual_(out, bias_of(conv2), xc, stats_groups=groups)
         else:
             sources = (bias_of(shortcut), bias_of(conv2))
             bias = cached(self, "resnet_shortcut_bias", sources, lambda: sum_biases(*sources),
                           keep=is_stable(shortcut) and is_stable(conv2))
-            add_bias_residual_(out, bias, conv2d(shortcut, xc, use_bias=False))
+            add_bias_residual_(out, bias, conv2d(shortcut, xc, use_bias=False),
+                               stats_groups=groups)
         if out_scale != 1:
             out /= out_scale
         return like_input(out, x)

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from ....kernels import group_norm_silu as _group_norm_silu
 from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.group_norm_silu import (
+    GroupStats,
+    add_bias_residual_group_stats_,
     group_norm_silu,
     group_norm_silu_unsupported,
 )
@@ -28,6 +30,7 @@ from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
 from ...fused import FusedModule
 from ...reasons import AUTOGRAD as _AUTOGRAD
+from .settings import settings
 
 CHANNELS_LAST = torch.channels_last
 
@@ -137,10 +140,29 @@ def channels_last_decode() -> Iterator[None]:
     """Marks the fused decoder's channels-last run on this thread (see ``StockLayoutGuard``)."""
     previous = getattr(_DECODE, "active", False)
     _DECODE.active = True
+    _DECODE.handed = None
     try:
         yield
     finally:
         _DECODE.active = previous
+        _DECODE.handed = None
+
+
+# A residual add's statistics handed to the next norm (``settings.residual_norm_stats``): at
+# most one tensor's, on this thread, within one fused decode. Invariant: they are used only by
+# a norm of that very tensor object, and anything that could have written it since clears them
+# (a block on its stock path, any norm of another tensor); a block that changes its output
+# after the add (``out_scale``) does not hand any. Inference tensors have no version counter to
+# check instead, and ComfyUI decodes under inference mode.
+def hand_off_stats(out: torch.Tensor, stats: GroupStats | None) -> None:
+    if getattr(_DECODE, "active", False):
+        _DECODE.handed = None if stats is None else (out, stats)
+
+
+def take_handed_stats(x: torch.Tensor) -> GroupStats | None:
+    handed = getattr(_DECODE, "handed", None)
+    _DECODE.handed = None
+    return handed[1] if handed is not None and handed[0] is x else None
 
 
 class StockLayoutGuard:
@@ -155,6 +177,7 @@ class StockLayoutGuard:
     """
 
     def forward(self, x, *args, **kwargs):
+        _DECODE.handed = None  # a stock path could write anything (see ``hand_off_stats``)
         if (not getattr(_DECODE, "active", False) or not isinstance(x, torch.Tensor)
                 or x.is_contiguous() or not is_channels_last(x)):
             return super().forward(x, *args, **kwargs)
@@ -163,9 +186,20 @@ class StockLayoutGuard:
 
 
 def add_bias_residual_(out: torch.Tensor, bias: torch.Tensor | None,
-                       residual: torch.Tensor | None = None) -> torch.Tensor:
+                       residual: torch.Tensor | None = None,
+                       stats_groups: int | None = None) -> torch.Tensor:
     """``out += bias (+ residual)`` in place: one pass through the kernel when it takes the
-    tensors, torch's broadcast adds otherwise. ``out`` must be a fresh tensor (a conv output)."""
+    tensors, torch's broadcast adds otherwise. ``out`` must be a fresh tensor (a conv output).
+
+    ``stats_groups``: the add also takes ``out``'s statistics in that many groups and hands
+    them to the next norm (``hand_off_stats``), where ``settings.residual_norm_stats`` is on
+    and the kernel takes the tensors."""
+    if stats_groups is not None and settings.residual_norm_stats and (bias is not None
+                                                                      or residual is not None):
+        stats = add_bias_residual_group_stats_(out, bias, residual, stats_groups)
+        if stats is not None:
+            hand_off_stats(out, stats)
+            return out
     if (bias is None and residual is None) or bias_residual_add_(out, bias, residual) is not None:
         return out
     if bias is not None:
@@ -209,8 +243,9 @@ class FusedGroupNormSiLU(FusedModule):
         stock path (``FusedModule`` disables it for the session and logs the reason).
         """
         weight, bias = weight_of(self), bias_of(self)
+        stats = take_handed_stats(x)
         y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu,
-                            input_bias=input_bias)
+                            input_bias=input_bias, stats=stats)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
                 group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)))

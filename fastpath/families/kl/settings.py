@@ -45,6 +45,11 @@ class KLSettings:
     # (0.33 legacy), -7.1 / -0.6% (0.8); with the split host copies -3.3 / -3.7%, -3.2 / -2.7%,
     # -11.0 / -12.1% against both off.
     norm_input_bias: bool = True
+    # Each resnet block's closing add (conv2's bias and the residual) also takes the statistics
+    # of its sum for the next block's first norm (``add_bias_residual_group_stats_``), which then
+    # skips its statistics pass: per block one read of the activation and one launch fewer, the
+    # norm's output bit-identical. Off until measured end to end on the GPU.
+    residual_norm_stats: bool = False
 
 
 settings = KLSettings()
