@@ -111,3 +111,30 @@ def test_bench_seeds_each_ltx_decode(tmp_path, monkeypatch):
     (row,) = _bench_rows(tmp_path, monkeypatch, "tiny-ltx2", "none")
     assert row["error"] is None and row["skipped"] is None, row
     assert row["lossless_bit_exact"] is True and row["stock_bit_exact_after_install"] is True
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_interleave_runs_against_comfyui_and_restores_the_switches(tmp_path, monkeypatch):
+    """``interleave`` on ComfyUI's own VAE and node (stock modules on the CPU): every variant
+    decodes once per round, and the switches end as they began."""
+    from fast_vae_decode.bench.cli import main
+    from fast_vae_decode.fastpath.families.kl.settings import settings as kl_settings
+    from fast_vae_decode.fastpath.pixels.finish import host_copy
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    before = (kl_settings.residual_norm_stats, host_copy.memmove)
+    path = tmp_path / "interleave.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["interleave", "--comfyui", os.environ["COMFYUI_PATH"], "--cases",
+                     "tiny-sdxl", "--rounds", "2", "--warmup", "0", "--json", str(path),
+                     "--variant", "defaults=",
+                     "--variant", "rns=--kl-setting residual_norm_stats=true",
+                     "--variant", "pooled=--host-copies pooled"])
+    assert code == 0, out.getvalue()
+    data = json.loads(path.read_text())
+    assert data["comfyui"] == os.environ["COMFYUI_PATH"]
+    assert {v: len(t) for v, t in data["times_ms"]["tiny-sdxl"].items()} == \
+        {"defaults": 2, "rns": 2, "pooled": 2}
+    assert (kl_settings.residual_norm_stats, host_copy.memmove) == before
