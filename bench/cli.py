@@ -533,27 +533,40 @@ def _interleave(args) -> int:
         from .hostmem import keep_freed_host_memory
 
         log(f"host malloc: {keep_freed_host_memory()}")
-    times: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, interleave.Interleaved] = {}
     try:
         with torch.inference_mode():
             for case in cases:
                 subject = build_subject(case, nodes=nodes, device=device, dtype=dtype,
                                         seed=args.seed)
                 try:
-                    times[case.name] = interleave.run_interleaved(
+                    results[case.name] = interleave.run_interleaved(
                         lambda s=subject: s.decode("high"), applies, args.rounds, args.warmup,
-                        lambda fn, s=subject: timed_call(fn, s.device)[0], seed=args.seed)
+                        lambda fn, s=subject: timed_call(fn, s.device), seed=args.seed,
+                        path_of=lambda out: out[1].get("text"))
                 finally:
                     release(subject)
                 log(f"{case.name}: {args.rounds} rounds of {len(variants)} variants")
     finally:
         switches.restore()
-    print(interleave.summary_table(times, variants))
+    print(interleave.summary_table(results, variants))
     if args.json_path:
         import json
 
+        from .run import pack_commit
+
+        memory_mode = None
+        if comfyui is not None:
+            from .comfyui import memory_mode as comfy_memory_mode
+
+            memory_mode = comfy_memory_mode()
         data = {"variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
-                "comfyui": comfyui, "comfyui_args": args.comfyui_args, "times_ms": times,
+                "comfyui": comfyui, "comfyui_args": args.comfyui_args,
+                "comfyui_memory_mode": memory_mode, "commit": pack_commit(),
+                "torch": torch.__version__,
+                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+                "times_ms": {c: r.times for c, r in results.items()},
+                "paths": {c: r.paths for c, r in results.items()},
                 "small_cases": all(c.name in TINY_CASES for c in cases)}
         pathlib.Path(args.json_path).write_text(json.dumps(data, indent=1))
     return 0

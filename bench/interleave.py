@@ -17,7 +17,7 @@ import random
 import shlex
 import statistics
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -82,35 +82,52 @@ def schedule(names: list[str], rounds: int, seed: int = 0) -> list[str]:
     return order
 
 
+class Interleaved(NamedTuple):
+    times: dict[str, list[float]]  # per variant, one per round (ms)
+    paths: dict[str, list[str]]  # per variant, each distinct path its decodes reported
+
+
 def run_interleaved(decode: Callable[[], Any], applies: dict[str, Callable[[], None]],
-                    rounds: int, warmup: int, timed: Callable[[Callable[[], Any]], float],
-                    seed: int = 0) -> dict[str, list[float]]:
+                    rounds: int, warmup: int, timed: Callable[[Callable[[], Any]], tuple[float, Any]],
+                    seed: int = 0, path_of: Callable[[Any], str | None] = lambda result: None,
+                    ) -> Interleaved:
     """Each variant's ``timed(decode)`` milliseconds, one per round, after ``warmup`` untimed
-    decodes each (the first decode under a setting may build or compile what it needs)."""
+    decodes each (the first decode under a setting may build or compile what it needs), and
+    the paths its timed decodes took (``path_of`` of each result): a module that fell back to
+    its stock path under one variant stays there for the session, so every later variant
+    would be timed on it too, and the table must say so."""
     names = list(applies)
     for name in names:
         applies[name]()
         for _ in range(warmup):
             decode()
     times: dict[str, list[float]] = {name: [] for name in names}
+    paths: dict[str, list[str]] = {name: [] for name in names}
     for name in schedule(names, rounds, seed):
         applies[name]()
-        times[name].append(timed(decode))
-    return times
+        ms, result = timed(decode)
+        times[name].append(ms)
+        path = path_of(result)
+        if path is not None and path not in paths[name]:
+            paths[name].append(path)
+    return Interleaved(times, paths)
 
 
-def summary_table(times: dict[str, dict[str, list[float]]], variants: list[Variant]) -> str:
-    """Markdown: per case and variant the median (quartiles, rounds) and against the first."""
+def summary_table(results: dict[str, Interleaved], variants: list[Variant]) -> str:
+    """Markdown: per case and variant the median (quartiles, rounds), against the first, and
+    the path its decodes reported."""
     base = variants[0].name
-    rows = ["| case | variant | options | high ms, median (q1-q3, rounds) | vs " + base + " |",
-            "| --- | --- | --- | --- | --- |"]
-    for case, by_variant in times.items():
+    rows = ["| case | variant | options | high ms, median (q1-q3, rounds) | vs " + base
+            + " | high path |", "| --- | --- | --- | --- | --- | --- |"]
+    for case, result in results.items():
+        by_variant = result.times
         reference = statistics.median(by_variant[base])
         for v in variants:
             t = sorted(by_variant[v.name])
             q1, q3 = t[len(t) // 4], t[(3 * len(t)) // 4]
             median = statistics.median(t)
             change = "—" if v.name == base else f"{100 * (median / reference - 1):+.1f}%"
+            path = "; ".join(result.paths.get(v.name, [])) or "—"
             rows.append(f"| {case} | {v.name} | {' '.join(v.options) or '(as set)'} | "
-                        f"{median:.1f} ({q1:.1f}-{q3:.1f}, {len(t)}) | {change} |")
+                        f"{median:.1f} ({q1:.1f}-{q3:.1f}, {len(t)}) | {change} | {path} |")
     return "\n".join(rows)

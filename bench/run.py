@@ -285,7 +285,7 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
 
     info["triton_unavailable"] = triton_unavailable_reason()
     info["host_malloc"] = options.host_malloc
-    info["commit"] = _commit()
+    info["commit"] = pack_commit()
     from ..fastpath.pixels.decode import pixel_settings
 
     info["pixel_finish"] = "pack" if pixel_settings.device_finish else "comfyui"
@@ -306,7 +306,7 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
 COMMIT_ENV = "FAST_VAE_DECODE_COMMIT"
 
 
-def _commit() -> str | None:
+def pack_commit() -> str | None:
     """The pack's git commit (with "+dirty" for uncommitted changes), if it is a checkout.
 
     ``$FAST_VAE_DECODE_COMMIT`` wins: a copy of the tree made elsewhere (a remote GPU machine's)

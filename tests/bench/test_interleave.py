@@ -51,12 +51,25 @@ def test_each_decode_runs_under_its_own_variant():
 
     def timed(fn):
         fn()
-        return {"x": 1.0, "y": 2.0, "z": 3.0}[live["value"]]
+        return {"x": 1.0, "y": 2.0, "z": 3.0}[live["value"]], live["value"]
 
-    times = interleave.run_interleaved(decode, applies, rounds=5, warmup=2, timed=timed)
+    result = interleave.run_interleaved(decode, applies, rounds=5, warmup=2, timed=timed,
+                                        path_of=lambda value: f"path {value}")
     assert seen[:6] == ["x", "x", "y", "y", "z", "z"]
-    assert times == {"x": [1.0] * 5, "y": [2.0] * 5, "z": [3.0] * 5}
+    assert result.times == {"x": [1.0] * 5, "y": [2.0] * 5, "z": [3.0] * 5}
     assert sorted(seen[6:]) == sorted(["x", "y", "z"] * 5)
+    assert result.paths == {"x": ["path x"], "y": ["path y"], "z": ["path z"]}
+
+
+def test_a_path_change_during_the_rounds_is_kept():
+    """A module that falls back mid-run changes what later decodes report: every distinct
+    path of a variant is kept, in order, for the table."""
+    reports = iter(["high: 19 fused modules"] * 2 + ["high: 18 fused modules, 1 stock"] * 4)
+    result = interleave.run_interleaved(lambda: None, {"a": lambda: None, "b": lambda: None},
+                                        rounds=3, warmup=0, timed=lambda fn: (1.0, next(reports)),
+                                        path_of=lambda text: text)
+    assert sum(len(p) for p in result.paths.values()) >= 3
+    assert any(len(p) == 2 for p in result.paths.values())
 
 
 def test_switches_go_back_to_what_the_process_had(monkeypatch):
@@ -72,10 +85,11 @@ def test_switches_go_back_to_what_the_process_had(monkeypatch):
 
 def test_summary_compares_each_variant_with_the_first():
     variants = [interleave.Variant("a", ()), interleave.Variant("b", ("--host-copies", "split"))]
-    table = interleave.summary_table({"case": {"a": [10.0, 10.0, 10.0], "b": [9.0, 9.5, 9.0]}},
-                                     variants)
-    assert "| case | a | (as set) | 10.0 (10.0-10.0, 3) | — |" in table
-    assert "| case | b | --host-copies split | 9.0 (9.0-9.5, 3) | -10.0% |" in table
+    result = interleave.Interleaved({"a": [10.0, 10.0, 10.0], "b": [9.0, 9.5, 9.0]},
+                                    {"a": ["high: 2 fused modules"], "b": []})
+    table = interleave.summary_table({"case": result}, variants)
+    assert "| case | a | (as set) | 10.0 (10.0-10.0, 3) | — | high: 2 fused modules |" in table
+    assert "| case | b | --host-copies split | 9.0 (9.0-9.5, 3) | -10.0% | — |" in table
 
 
 def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_path):
@@ -94,6 +108,8 @@ def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_pat
     assert {name: len(t) for name, t in data["times_ms"]["tiny-sdxl"].items()} == \
         {"pooled": 3, "nib-off": 3, "as-set": 3}
     assert data["variants"]["pooled"] == ["--host-copies", "pooled"]
+    assert all(paths for paths in data["paths"]["tiny-sdxl"].values())  # each decode's path
+    assert "commit" in data and data["comfyui"] is None
     assert (kl_settings.norm_input_bias, host_copy.memmove, host_copy.parts,
             pixel_settings.cast_latent_on_device) == before
 

@@ -174,7 +174,7 @@ def test_the_recorded_commit_can_be_given_by_the_caller(monkeypatch):
     from fast_vae_decode.bench import run
 
     monkeypatch.setenv(run.COMMIT_ENV, "abc1234")
-    assert run._commit() == "abc1234"
+    assert run.pack_commit() == "abc1234"
     monkeypatch.delenv(run.COMMIT_ENV)
-    recorded = run._commit()
+    recorded = run.pack_commit()
     assert recorded is None or recorded != "abc1234"
