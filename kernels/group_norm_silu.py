@@ -359,19 +359,14 @@ def group_norm_silu(
 if triton is not None:
 
     @triton.jit
-    def _stats_input(x, x_ptrs, res_ptrs, mask, in_bias,
-                     HAS_IN_BIAS: tl.constexpr, HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr):
-        """A loaded tile as pass 1 takes its statistics: + the input bias, and under WRITE_SUM
-        + the residual, stored in x's dtype and read back as stored."""
-        if HAS_IN_BIAS:
-            x += in_bias
-        if WRITE_SUM:
-            if HAS_RES:
-                x += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
-            stored = x.to(x_ptrs.dtype.element_ty)
-            tl.store(x_ptrs, stored, mask=mask)
-            x = stored.to(tl.float32)
-        return x
+    def _written_sum(x, x_ptrs, res_ptrs, mask, HAS_RES: tl.constexpr):
+        """Pass 1 under WRITE_SUM: the tile (input bias added) + the residual, stored in x's
+        dtype, and read back as stored (its statistics are of what the next pass reads)."""
+        if HAS_RES:
+            x += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+        stored = x.to(x_ptrs.dtype.element_ty)
+        tl.store(x_ptrs, stored, mask=mask)
+        return stored.to(tl.float32)
 
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_stats_kernel(
@@ -395,7 +390,6 @@ if triton is not None:
         tile = offs_p * C + c[None, :]
         base = (n.to(tl.int64) * HW + p0) * C
         ptr = x_ptr + base
-        rptr = res_ptr + base
 
         # One Welford accumulator per lane (pixel slot, channel); groups only matter when the
         # lanes are combined at the end. Every valid lane has seen k + 1 values after full tile k,
@@ -411,9 +405,11 @@ if triton is not None:
                 x = tl.load(ptr + tile).to(tl.float32)
             else:
                 x = tl.load(ptr + tile, mask=c_ok, other=0.0).to(tl.float32)
-            x = _stats_input(x, ptr + tile, rptr + tile, c_ok, in_bias,
-                             HAS_IN_BIAS, HAS_RES, WRITE_SUM)
-            rptr += BLOCK_P * C
+            if HAS_IN_BIAS:
+                x += in_bias
+            if WRITE_SUM:
+                x = _written_sum(x, ptr + tile, res_ptr + (base + k * BLOCK_P * C) + tile, c_ok,
+                                 HAS_RES)
             delta = x - mean
             mean += delta * (1.0 / (k + 1.0))
             m2 += delta * (x - mean)
@@ -422,8 +418,11 @@ if triton is not None:
         if rem > 0:
             ok = pix_ok & c_ok
             x = tl.load(ptr + tile, mask=ok, other=0.0).to(tl.float32)
-            x = _stats_input(x, ptr + tile, rptr + tile, ok, in_bias,
-                             HAS_IN_BIAS, HAS_RES, WRITE_SUM)
+            if HAS_IN_BIAS:
+                x += in_bias
+            if WRITE_SUM:
+                x = _written_sum(x, ptr + tile, res_ptr + (base + nfull * BLOCK_P * C) + tile, ok,
+                                 HAS_RES)
             delta = x - mean
             mean += tl.where(ok, delta * (1.0 / (nfull + 1.0)), 0.0)
             m2 += tl.where(ok, delta * (x - mean), 0.0)
