@@ -524,15 +524,18 @@ def _interleave(args) -> int:
         return set_variant
 
     applies = {name: apply(opts) for name, opts in chosen.items()}
-    nodes = None
+    nodes, version = None, None
     if comfyui is not None:
-        from .comfyui import comfyui_path, setup_comfyui
+        from .comfyui import comfyui_path, comfyui_version, setup_comfyui
 
-        nodes = setup_comfyui(comfyui_path(comfyui), shlex.split(args.comfyui_args))
+        path = comfyui_path(comfyui)
+        nodes, version = setup_comfyui(path, shlex.split(args.comfyui_args)), comfyui_version(path)
+    host_malloc = "system"
     if args.host_malloc == "steady":
         from .hostmem import keep_freed_host_memory
 
-        log(f"host malloc: {keep_freed_host_memory()}")
+        host_malloc = keep_freed_host_memory()
+        log(f"host malloc: {host_malloc}")
     results: dict[str, interleave.Interleaved] = {}
     try:
         with torch.inference_mode():
@@ -553,18 +556,15 @@ def _interleave(args) -> int:
     if args.json_path:
         import json
 
-        from .run import pack_commit
+        from .run import BenchOptions, environment
 
-        memory_mode = None
-        if comfyui is not None:
-            from .comfyui import memory_mode as comfy_memory_mode
-
-            memory_mode = comfy_memory_mode()
-        data = {"variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
-                "comfyui": comfyui, "comfyui_args": args.comfyui_args,
-                "comfyui_memory_mode": memory_mode, "commit": pack_commit(),
-                "torch": torch.__version__,
-                "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        # The bench's own environment record (commit, versions, GPU, memory mode, the switches
+        # as the process had them), then what this run compared.
+        options = BenchOptions(cases=cases, device=device, dtype=dtype, comfyui=comfyui,
+                               comfyui_args=shlex.split(args.comfyui_args), warmup=args.warmup,
+                               seed=args.seed, host_malloc=host_malloc)
+        data = {**environment(options, version),
+                "variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
                 "times_ms": {c: r.times for c, r in results.items()},
                 "paths": {c: r.paths for c, r in results.items()},
                 "small_cases": all(c.name in TINY_CASES for c in cases)}

@@ -43,7 +43,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from .accepts import Accepts, autograd_reason, channels_last_4d, pow2
+from .accepts import Accepts, autograd_reason, channels_last_4d, pow2, same_layout
 from .backend import launch, on_device, tl, triton
 
 # Tuning knobs, chosen on paper for an H200 (ptxas for sm_90, bf16): a 4096-element stats tile
@@ -245,8 +245,8 @@ def add_bias_residual_group_stats_(
     ``group_norm_silu_unsupported`` or the residual's layout says no."""
     if group_norm_silu_unsupported(out, None, None, num_groups, bias) is not None:
         return None
-    if residual is not None and (residual.shape != out.shape or residual.stride() != out.stride()
-                                 or residual.dtype != out.dtype or residual.device != out.device
+    if residual is not None and (not same_layout(residual, out) or residual.dtype != out.dtype
+                                 or residual.device != out.device
                                  or autograd_reason(residual) is not None):
         return None
     n, c, h, w = out.shape

@@ -123,6 +123,7 @@ def test_interleave_runs_against_comfyui_and_restores_the_switches(tmp_path, mon
     from fast_vae_decode.fastpath.pixels.finish import host_copy
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+    comfy_nodes()  # ComfyUI set up before stdout is redirected (its log interceptor wraps it)
     before = (kl_settings.residual_norm_stats, host_copy.memmove)
     path = tmp_path / "interleave.json"
     out = io.StringIO()
