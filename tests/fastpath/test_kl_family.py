@@ -168,6 +168,17 @@ def test_residual_norm_stats_skip_statistics_passes_and_change_no_bit(tiny, monk
     assert own_passes[False] - own_passes[True] == used
 
 
+def test_default_decode_hands_residual_statistics_on(tiny, monkeypatch):
+    """The default (chosen on the GPU, settings.py says by how much) skips the statistics pass
+    of every norm that follows a resnet block's closing add."""
+    model, _, z, _, _ = tiny
+    real_take, taken = kl_ops.take_handed_stats, []
+    monkeypatch.setattr(kl_ops, "take_handed_stats",
+                        lambda x: (lambda s: (taken.append(s is not None), s)[1])(real_take(x)))
+    _, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and any(taken)
+
+
 def test_handed_statistics_are_dropped_by_a_stock_path_between(monkeypatch):
     """Only a norm of the very tensor they were taken of uses them, and a block on its stock
     path in between clears them (it could have written anything)."""
