@@ -108,6 +108,18 @@ def _default_dtype(device: torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def _add_decode_options(parser: argparse.ArgumentParser, cases_help: str, device_help: str) -> None:
+    """What to decode and where, for the subcommands that decode in this process (``interleave``,
+    ``profile``): the cases, the ComfyUI tree and flags or diffusers, device and dtype."""
+    parser.add_argument("--cases", default=None, help=cases_help)
+    parser.add_argument("--comfyui", default=None, help="ComfyUI tree (default: $COMFYUI_PATH)")
+    parser.add_argument("--comfyui-args", default="", help="ComfyUI flags, after '='")
+    parser.add_argument("--no-comfyui", action="store_true",
+                        help="use diffusers models even when COMFYUI_PATH is set")
+    parser.add_argument("--device", default=None, help=device_help)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .cases import CASES, DEFAULT_CASES, TINY_CASES
     from .convs import CONV_CASES
@@ -297,15 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     inter.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                        help="repeatable, at least two, the first the baseline; e.g. "
                             "--variant=pooled='--host-copies pooled' --variant=auto=")
-    inter.add_argument("--cases", default=None,
-                       help=f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)}; "
-                            f"without a CUDA GPU: {','.join(TINY_CASES)})")
-    inter.add_argument("--comfyui", default=None, help="ComfyUI tree (default: $COMFYUI_PATH)")
-    inter.add_argument("--comfyui-args", default="", help="ComfyUI flags, after '='")
-    inter.add_argument("--no-comfyui", action="store_true",
-                       help="use diffusers models even when COMFYUI_PATH is set")
-    inter.add_argument("--device", default=None, help="cpu, cuda or cuda:N")
-    inter.add_argument("--dtype", choices=sorted(DTYPES), default=None)
+    _add_decode_options(inter, f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)}; "
+                               f"without a CUDA GPU: {','.join(TINY_CASES)})", "cpu, cuda or cuda:N")
     inter.add_argument("--rounds", type=_count(1), default=15, help="default %(default)s")
     inter.add_argument("--warmup", type=_count(0), default=2,
                        help="untimed decodes per variant first (default %(default)s)")
@@ -314,6 +319,31 @@ def build_parser() -> argparse.ArgumentParser:
     inter.add_argument("--seed", type=int, default=0)
     inter.add_argument("--json", dest="json_path", default=None, help="write the times here")
     inter.set_defaults(parser=inter, run=_interleave)
+
+    prof = sub.add_parser(
+        "profile", help="where one decode's GPU time goes and how long the GPU waits on the "
+                        "host (torch profiler trace, summarised; CUDA only)",
+        description="Decodes each case a few times, then once under torch's profiler, and "
+                    "prints the GPU's busy and idle time (idle split into host-late and queued, "
+                    "and over the decode's span), kernel time by kind, the largest kernels and "
+                    "the largest gaps. Run-time switches as bench takes them.")
+    _add_decode_options(prof, f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)})",
+                        "cuda or cuda:N")
+    prof.add_argument("--quality", choices=("high", "lossless"), default="high")
+    prof.add_argument("--warmup", type=_count(0), default=3,
+                      help="untimed decodes first (default %(default)s)")
+    prof.add_argument("--decodes", type=_count(1), default=5,
+                      help="timed decodes without the profiler, for the wall time "
+                           "(default %(default)s)")
+    prof.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
+                      help="as bench's")
+    prof.add_argument("--host-copies", choices=sorted(HOST_COPIES), default=None,
+                      help="as bench's")
+    prof.add_argument("--top", type=_count(1), default=15, help="kernels listed (default %(default)s)")
+    prof.add_argument("--seed", type=int, default=0)
+    prof.add_argument("--json", dest="json_path", default=None,
+                      help="write each case's summary here")
+    prof.set_defaults(parser=prof, run=_profile)
     return parser
 
 
@@ -569,6 +599,51 @@ def _interleave(args) -> int:
                 "paths": {c: r.paths for c, r in results.items()},
                 "small_cases": all(c.name in TINY_CASES for c in cases)}
         pathlib.Path(args.json_path).write_text(json.dumps(data, indent=1))
+    return 0
+
+
+def _profile(args) -> int:
+    from . import gpu_profile
+    from .run import log
+    from .subjects import build_subject, release
+    from .timing import timed_call
+
+    comfyui, device, dtype = _backend(args)
+    if (device or _default_device()).type != "cuda":
+        raise UsageError("profile needs a CUDA GPU (it summarises the GPU's kernels and gaps)")
+    cases = _cases(args, device)
+    _apply_switches(args.host_copies, args.kl_setting)  # every value checked before any model
+    nodes = None
+    if comfyui is not None:
+        from .comfyui import comfyui_path, setup_comfyui
+
+        nodes = setup_comfyui(comfyui_path(comfyui), shlex.split(args.comfyui_args))
+    summaries = {}
+    with torch.inference_mode():
+        for case in cases:
+            subject = build_subject(case, nodes=nodes, device=device, dtype=dtype, seed=args.seed)
+            try:
+                def decode(s=subject):
+                    return s.decode(args.quality)
+
+                for _ in range(args.warmup):
+                    decode()
+                walls = [timed_call(decode, subject.device)[0] for _ in range(args.decodes)]
+                profiled, trace, (_, info) = gpu_profile.profile_decode(decode, subject.device)
+                path = info.get("text", "")
+            finally:
+                release(subject)
+            summary = gpu_profile.analyse_trace(trace, top=args.top)
+            log(f"{case.name}: {path}")
+            print(gpu_profile.summary_markdown(f"{case.name} ({args.quality}: {path})", walls,
+                                               profiled, summary))
+            print()
+            summaries[case.name] = {"wall_ms": walls, "profiled_wall_ms": profiled,
+                                    "path": path, **dataclasses.asdict(summary)}
+    if args.json_path:
+        import json
+
+        pathlib.Path(args.json_path).write_text(json.dumps(summaries, indent=1))
     return 0
 
 
