@@ -250,6 +250,11 @@ def build_parser() -> argparse.ArgumentParser:
     convs.add_argument("--kinds", default=None,
                        help="time only these kinds, comma-separated (e.g. head,conv_in)")
     convs.add_argument("--json", dest="json_path", default=None, help="write results here")
+    convs.add_argument("--cudnn-graph", action="store_true",
+                       help="also time cuDNN's graph API on the 2-D convs: the conv with its "
+                            "bias + residual epilogue, with genstats, with a norm+SiLU prologue, "
+                            "against the conv and the pack's pass (needs the optional "
+                            "nvidia-cudnn-frontend)")
     convs.add_argument("--comfyui", default=None, metavar="PATH",
                        help="a ComfyUI tree, for cases whose convs are recorded from one fused "
                             "decode on ComfyUI's own model (LTX-2)")
@@ -404,6 +409,12 @@ def _convs(args) -> int:
     _writable_place(args.json_path, "--json")
     if not args.shapes_only and not torch.cuda.is_available():
         raise UsageError("timing the convs needs a CUDA GPU; --shapes-only lists them here")
+    if args.cudnn_graph:
+        from .cudnn_graph import unavailable_reason
+
+        reason = "--shapes-only times nothing" if args.shapes_only else unavailable_reason()
+        if reason is not None:
+            raise UsageError(f"--cudnn-graph: {reason}")
     recorded = [c.name for c in cases if convs.recorded(c)]
     if recorded and args.comfyui is None:
         raise UsageError(f"--cases {','.join(recorded)}: their convs are recorded from a fused "
@@ -424,6 +435,11 @@ def _convs(args) -> int:
         results = convs.time_convs(shapes, repeats=args.repeats, sweep=args.sweep, kinds=kinds,
                                    log=lambda line: print(line, flush=True))
     print(convs.convs_markdown(results), flush=True)
+    if args.cudnn_graph:
+        from . import cudnn_graph
+
+        cudnn_graph.time_graphs(results, log=lambda line: print(line, flush=True))
+        print(cudnn_graph.graph_markdown(results), flush=True)
     if args.json_path:
         convs.write_json(args.json_path, results, convs.environment())
     return 0

@@ -256,6 +256,7 @@ class ConvResult:
     triton_ms_by_config: dict[str, float] = field(default_factory=dict)
     triton_max_error: float | None = None  # |triton - cuDNN + bias| / max|ref|, as a check
     note: str | None = None
+    cudnn_graph: dict = field(default_factory=dict)  # ``convs --cudnn-graph`` (bench.cudnn_graph)
 
     @property
     def gflop(self) -> float:
@@ -293,7 +294,8 @@ def from_json(data: dict) -> tuple[dict, list[ConvResult]]:
                           tuple(s["padding"]))
         results.append(ConvResult(shape, row["calls"], row.get("cudnn_ms"), row.get("triton_ms"),
                                   row.get("triton_config"), row.get("triton_ms_by_config") or {},
-                                  row.get("triton_max_error"), row.get("note")))
+                                  row.get("triton_max_error"), row.get("note"),
+                                  row.get("cudnn_graph") or {}))
     return data.get("env", {}), results
 
 

@@ -67,7 +67,20 @@ def convs_section(env: dict, results) -> list[str]:
             "`narrow_conv` where few outputs share the taps), the fastest variant tried named "
             "in the last column. "
             "Median of the timed calls (CUDA events)" + (f"; {where}." if where else "."), "",
-            convs_markdown(results), ""]
+            convs_markdown(results), ""] + _graph_section(results)
+
+
+def _graph_section(results) -> list[str]:
+    """``convs --cudnn-graph``'s table, where the run made one."""
+    from .cudnn_graph import graph_markdown
+
+    if not any(r.cudnn_graph for r in results):
+        return []
+    return ["### cuDNN's graph API on the 2-D convs", "",
+            "The conv and the pack's pass after it (its bias and the residual; with the next "
+            "norm's statistics) against cuDNN graphs of the same conv: alone, with the bias + "
+            "residual epilogue, with `genstats`, and with GroupNorm's apply + SiLU as its "
+            "prologue (`bench/cudnn_graph.py`).", "", graph_markdown(results), ""]
 
 
 def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],

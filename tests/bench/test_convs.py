@@ -149,3 +149,61 @@ def test_ltx_cases_need_comfyui(capsys):
         convs.collect_conv_shapes([CASES["ltx2-768x512-121"]])
     assert main(["convs", "--cases", "ltx2-768x512-121", "--shapes-only"]) == 2
     assert "--comfyui PATH" in capsys.readouterr().err
+
+
+# --- convs --cudnn-graph (bench/cudnn_graph.py: optional nvidia-cudnn-frontend) ----------------
+
+
+def _graph_results():
+    results = _results()
+    results[0].cudnn_graph = {"pass_ms": 0.2, "stats_pass_ms": 0.21, "conv_ms": 0.1,
+                              "epilogue_ms": 0.15, "plans": {"conv": "eng62", "epilogue": "eng4"},
+                              "max_error": {"epilogue": 3e-3},
+                              "unsupported": {"prologue": "cudnnGraphNotSupportedError: no engine"}}
+    return results
+
+
+def test_graphs_apply_to_the_2d_convs_on_cudnn_only():
+    from fast_vae_decode.bench import cudnn_graph
+
+    wan = convs.ConvShape("causal 3x3x3", "taps", (1, 96, 6, 48, 80), 96, (3, 3, 3), (0, 1, 1))
+    results = _results() + [convs.ConvResult(wan, {"x": 1})]
+    assert [r.shape.kind for r in cudnn_graph.graph_shapes(results)] == ["3x3"]
+
+
+def test_graph_table_compares_each_graph_with_the_conv_and_pass():
+    from fast_vae_decode.bench import cudnn_graph
+
+    text = cudnn_graph.graph_markdown(_graph_results())
+    row = next(line for line in text.splitlines() if line.startswith("| 1x512x128x128 "))
+    assert "| 0.200 | 0.210 | 0.100 | 0.150 (-25%) |" in row  # 0.15 against 0.2
+    assert "| — | unsupported | eng62; eng4 |" in row  # no genstats timed; prologue declined
+    assert len(text.splitlines()) == 3  # the transposed conv has no graph row
+
+
+def test_graph_results_survive_the_json(tmp_path):
+    path = tmp_path / "convs.json"
+    convs.write_json(str(path), _graph_results(), {})
+    _, back = convs.read_json(str(path))
+    assert back[0].cudnn_graph["epilogue_ms"] == 0.15 and back[1].cudnn_graph == {}
+
+
+def test_cudnn_graph_refuses_what_it_cannot_time_in_one_line(monkeypatch, capsys):
+    import sys
+
+    assert main(["convs", "--cases", "tiny-sdxl", "--shapes-only", "--cudnn-graph"]) == 2
+    assert "--cudnn-graph: --shapes-only times nothing" in capsys.readouterr().err
+    # A GPU but no frontend: said before any shape is collected, with how to get it.
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    monkeypatch.setitem(sys.modules, "cudnn", None)  # import cudnn -> ImportError
+    assert main(["convs", "--cases", "tiny-sdxl", "--cudnn-graph"]) == 2
+    err = capsys.readouterr().err
+    assert "needs nvidia-cudnn-frontend" in err and "pip install nvidia-cudnn-frontend" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_report_shows_the_graph_table_only_when_the_run_made_one():
+    from fast_vae_decode.bench.report import convs_section
+
+    assert not any("cuDNN's graph API" in line for line in convs_section({}, _results()))
+    assert any("cuDNN's graph API" in line for line in convs_section({}, _graph_results()))
