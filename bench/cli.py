@@ -627,6 +627,7 @@ def _profile(args) -> int:
     comfyui, device, dtype = _backend(args)
     if (device or _default_device()).type != "cuda":
         raise UsageError("profile needs a CUDA GPU (it summarises the GPU's kernels and gaps)")
+    _writable_place(args.json_path, "--json")
     cases = _cases(args, device)
     _apply_switches(args.host_copies, args.kl_setting)  # every value checked before any model
     nodes = None
@@ -651,7 +652,7 @@ def _profile(args) -> int:
                 release(subject)
             summary = gpu_profile.analyse_trace(trace, top=args.top)
             log(f"{case.name}: {path}")
-            print(gpu_profile.summary_markdown(f"{case.name} ({args.quality}: {path})", walls,
+            print(gpu_profile.summary_markdown(f"{case.name} ({path or args.quality})", walls,
                                                profiled, summary))
             print()
             summaries[case.name] = {"wall_ms": walls, "profiled_wall_ms": profiled,
