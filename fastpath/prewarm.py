@@ -30,7 +30,8 @@ from .log import say
 
 # Compile threads (bounded by the host's CPUs). SDXL's 22 variants, fresh Triton cache, H200 host
 # with 16 CPUs, ComfyUI 0.33 (0985964): 8.3 s with 1 thread, 2.97 / 3.45 s with 8, 2.88 / 2.85 s
-# with 16 -- the front end holds the GIL, ptxas and the launchers' gcc do not.
+# with 16 -- the front end holds the GIL, ptxas and the launchers' gcc do not. (Since then a
+# norm without an input bias shares the biased variants: SDXL has 16.)
 MAX_WORKERS = 16
 # Only GPUs compile; tests add "cpu" to run the same code under TRITON_INTERPRET.
 DEVICE_TYPES = ("cuda",)

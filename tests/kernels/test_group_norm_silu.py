@@ -105,6 +105,23 @@ def test_input_bias_matches_adding_it_first():
     torch.testing.assert_close(folded, added, rtol=1e-5, atol=1e-5)
 
 
+def test_norms_with_and_without_an_input_bias_share_their_variants():
+    """A norm without an input bias runs the same statistics and finalize variants as one with
+    a bias of x's dtype (a zero bias: fewer variants to compile at warm-up), and its output is
+    the norm of x itself."""
+    from fast_vae_decode.kernels.backend import recording_launches, variant_key
+
+    x = _input(1, 64, 8, 8, torch.bfloat16)
+    weight, bias = _affine(64)
+    with recording_launches() as plain:
+        group_norm_silu(x, weight, bias, 32, EPS)
+    with recording_launches() as biased:
+        group_norm_silu(x, weight, bias, 32, EPS, input_bias=torch.ones(64, dtype=torch.bfloat16))
+    assert [variant_key(r) for r in plain] == [variant_key(r) for r in biased]
+    assert len(plain) == 3  # statistics, finalize, apply
+    _check(x, weight, bias, 32)  # the zero bias changes nothing: the norm of x
+
+
 @pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
