@@ -620,7 +620,6 @@ def _interleave(args) -> int:
 
 def _profile(args) -> int:
     from . import gpu_profile
-    from .run import log
     from .subjects import build_subject, release
     from .timing import timed_call
 
@@ -651,7 +650,6 @@ def _profile(args) -> int:
             finally:
                 release(subject)
             summary = gpu_profile.analyse_trace(trace, top=args.top)
-            log(f"{case.name}: {path}")
             print(gpu_profile.summary_markdown(f"{case.name} ({path or args.quality})", walls,
                                                profiled, summary))
             print()
