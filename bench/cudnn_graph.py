@@ -28,6 +28,9 @@ from typing import Callable
 
 import torch
 
+from .convs import _fmt
+from .timing import measure
+
 MAX_PLANS = 8
 GROUPS = 32  # the KL decoders' GroupNorm groups (statistics kernel for stats_pass_ms)
 FIELDS = ("pass_ms", "stats_pass_ms", "conv_ms", "epilogue_ms", "genstats_ms", "prologue_ms")
@@ -120,17 +123,7 @@ def _build(kind: str, x, w, b, r, scale, shift, handle) -> tuple[Callable[[], No
 
 
 def _median_ms(fn: Callable[[], object], repeats: int = 25, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-              for _ in range(repeats)]
-    for start, end in events:
-        start.record()
-        fn()
-        end.record()
-    torch.cuda.synchronize()
-    return statistics.median(s.elapsed_time(e) for s, e in events)
+    return statistics.median(measure(fn, "cuda", repeats, warmup).times_ms)
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -198,10 +191,6 @@ def _time_shape(s, handle, generator) -> dict:
         except Exception as exc:  # cuDNN declines the graph: say why, time the rest
             row["unsupported"][kind] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     return row
-
-
-def _fmt(value: float | None) -> str:
-    return "—" if value is None else f"{value:.3f}"
 
 
 def graph_markdown(results) -> str:

@@ -337,19 +337,21 @@ def group_norm_silu(
     scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
     out = torch.empty_like(x, memory_format=torch.channels_last)
 
+    # A zero bias where none is given: one variant of each pass (the module's note).
+    in_bias = input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype)
     if stats is None:
-        _launch_stats(x, input_bias, None, part_mean, part_m2, num_groups, config, plan,
+        _launch_stats(x, in_bias, None, part_mean, part_m2, num_groups, config, plan,
                       write_sum=False)
     with on_device(x.device):
         launch(_group_norm_finalize_kernel, (num_groups, n),
             part_mean, part_m2,
             weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
             bias if bias is not None else shift,
-            input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype),
+            in_bias,
             scale, shift, hw, pix_per_program, splits, float(eps),
             C=c, G=num_groups, CPG=cpg,
             HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            HAS_IN_BIAS=True,  # a zero bias where none is given: one variant (module note)
+            HAS_IN_BIAS=True,
             BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
             num_warps=config.finalize_warps,
         )
