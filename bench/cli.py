@@ -32,6 +32,12 @@ class UsageError(Exception):
 
 # bench --host-copies: (HostCopy.memmove, HostCopy.parts, PixelSettings.cast_latent_on_device);
 # "auto" is the pack's own defaults.
+# bench --triton-launch: kept compiled kernels launched directly (kernels/direct_launch.py), or
+# Triton's own dispatch on every launch.
+TRITON_LAUNCH = ("direct", "jit")
+TRITON_LAUNCH_HELP = ("direct (default): a Triton kernel met before is launched straight from "
+                      "its compiled kernel; jit: through Triton's dispatch on every launch (to "
+                      "measure what the direct launch saves)")
 HOST_COPIES = {"auto": None, "pooled": (False, 4, False), "single": (True, 1, True),
                "split": (True, 4, True)}
 
@@ -209,6 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a KL fast-path setting (fastpath/families/kl/settings.py) "
                             "for this run, e.g. attention=sdpa or comfy_output_fp32=false "
                             f"(repeatable); names: {', '.join(_kl_setting_names())}")
+    bench.add_argument("--triton-launch", choices=TRITON_LAUNCH, default=None,
+                       help=TRITON_LAUNCH_HELP)
     bench.add_argument("--pixel-finish", choices=("pack", "comfyui"), default="pack",
                        help="pack (default): decoded pixels finished on the GPU and copied to "
                             "host memory once by this pack; comfyui: ComfyUI's own VAE.decode "
@@ -309,8 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "process, the variants taking turns decode by decode",
         description="Decodes each case at quality high once per round under every --variant, "
                     "in a shuffled order, and prints each variant's median against the first. "
-                    "A variant sets --host-copies and --kl-setting as bench takes them, from "
-                    "the switches as this process has them (ComfyUI flags need 'modes').")
+                    "A variant sets --host-copies, --kl-setting and --triton-launch as bench "
+                    "takes them, from the switches as this process has them (ComfyUI flags "
+                    "need 'modes').")
     inter.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                        help="repeatable, at least two, the first the baseline; e.g. "
                             "--variant=pooled='--host-copies pooled' --variant=auto=")
@@ -344,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="as bench's")
     prof.add_argument("--host-copies", choices=sorted(HOST_COPIES), default=None,
                       help="as bench's")
+    prof.add_argument("--triton-launch", choices=TRITON_LAUNCH, default=None, help="as bench's")
     prof.add_argument("--top", type=_count(1), default=15, help="kernels listed (default %(default)s)")
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", dest="json_path", default=None,
@@ -522,10 +532,16 @@ def _apply_kl_setting(item: str) -> None:
     setattr(settings, name, value)
 
 
-def _apply_switches(host_copies: str | None, kl_settings: list[str]) -> None:
-    """Set the pack's run-time switches as ``--host-copies`` and ``--kl-setting`` say."""
+def _apply_switches(host_copies: str | None, kl_settings: list[str],
+                    triton_launch: str | None = None) -> None:
+    """Set the pack's run-time switches as ``--host-copies``, ``--kl-setting`` and
+    ``--triton-launch`` say."""
     for item in kl_settings:
         _apply_kl_setting(item)
+    if triton_launch is not None:
+        from ..kernels.direct_launch import launch_settings
+
+        launch_settings.direct = triton_launch == "direct"
     if host_copies is not None and HOST_COPIES[host_copies] is not None:
         from ..fastpath.pixels.decode import pixel_settings
         from ..fastpath.pixels.finish import host_copy
@@ -553,20 +569,21 @@ def _interleave(args) -> int:
         except argparse.ArgumentError as exc:
             raise UsageError(f"--variant {v.name}: {exc}") from None
         if extra:
-            raise UsageError(f"--variant {v.name}: only --host-copies and --kl-setting can "
+            raise UsageError(f"--variant {v.name}: only --host-copies, --kl-setting and "
+                             f"--triton-launch can "
                              f"change within a process; got {' '.join(extra)}")
         chosen[v.name] = opts
     comfyui, device, dtype = _backend(args)
     cases = _cases(args, device)
     switches = interleave.Switches()
     for opts in chosen.values():  # every value checked before any model is built
-        _apply_switches(opts.host_copies, opts.kl_setting)
+        _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch)
         switches.restore()
 
     def apply(opts) -> Callable[[], None]:
         def set_variant() -> None:
             switches.restore()
-            _apply_switches(opts.host_copies, opts.kl_setting)
+            _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch)
         return set_variant
 
     applies = {name: apply(opts) for name, opts in chosen.items()}
@@ -628,7 +645,7 @@ def _profile(args) -> int:
         raise UsageError("profile needs a CUDA GPU (it summarises the GPU's kernels and gaps)")
     _writable_place(args.json_path, "--json")
     cases = _cases(args, device)
-    _apply_switches(args.host_copies, args.kl_setting)  # every value checked before any model
+    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)  # every value checked before any model
     nodes = None
     if comfyui is not None:
         from .comfyui import comfyui_path, setup_comfyui
@@ -742,7 +759,7 @@ def _bench(args) -> int:
         raise UsageError("--report needs --json (the report is made from the saved results)")
     for flag, path in (("--json", args.json_path), ("--crops-npz", args.crops_npz)):
         _writable_place(path, flag)
-    _apply_switches(args.host_copies, args.kl_setting)
+    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)
     if args.pixel_finish == "comfyui":
         from ..fastpath.pixels.decode import pixel_settings
 

@@ -13,6 +13,8 @@ from typing import Iterator
 
 import torch
 
+from .direct_launch import launch_direct
+
 try:  # Triton is optional: Windows without triton-windows, macOS and CPU-only installs lack it.
     import triton  # noqa: F401
     import triton.language as tl  # noqa: F401
@@ -57,12 +59,13 @@ _RECORDING = threading.local()
 
 def launch(kernel, grid, *args, **kwargs) -> None:
     """``kernel[grid](*args, **kwargs)``, unless this thread is recording launches (see
-    ``recording_launches``): then the launch is only noted, to be compiled later."""
+    ``recording_launches``): then the launch is only noted, to be compiled later. Kernels met
+    before go to their compiled launcher directly (``direct_launch``)."""
     recorded = getattr(_RECORDING, "launches", None)
-    if recorded is None:
-        kernel[grid](*args, **kwargs)
-    else:
+    if recorded is not None:
         recorded.append((kernel, grid, args, kwargs))
+    elif interpreting() or not launch_direct(kernel, grid, args, kwargs):
+        kernel[grid](*args, **kwargs)
 
 
 @contextlib.contextmanager

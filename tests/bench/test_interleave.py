@@ -83,6 +83,18 @@ def test_switches_go_back_to_what_the_process_had(monkeypatch):
     assert switches.saved[1].cast_latent_on_device == pixel_settings.cast_latent_on_device
 
 
+def test_triton_launch_is_a_switch_that_goes_back(monkeypatch):
+    from fast_vae_decode.bench.cli import _apply_switches
+    from fast_vae_decode.kernels.direct_launch import launch_settings
+
+    monkeypatch.setattr(launch_settings, "direct", True)
+    switches = interleave.Switches()
+    _apply_switches(None, [], "jit")
+    assert launch_settings.direct is False
+    switches.restore()
+    assert launch_settings.direct is True
+
+
 def test_summary_compares_each_variant_with_the_first():
     variants = [interleave.Variant("a", ()), interleave.Variant("b", ("--host-copies", "split"))]
     result = interleave.Interleaved({"a": [10.0, 10.0, 10.0], "b": [9.0, 9.5, 9.0]},
@@ -115,7 +127,7 @@ def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_pat
 
 
 @pytest.mark.parametrize("variant,message", [
-    ("b=--pixel-finish comfyui", "only --host-copies and --kl-setting"),  # not a run-time switch
+    ("b=--pixel-finish comfyui", "only --host-copies, --kl-setting and --triton-launch"),  # not a run-time switch
     ("b=--host-copies nope", "invalid choice"),
     ("b=--kl-setting no_such=1", "NAME one of"),  # checked before any model is built
 ])
