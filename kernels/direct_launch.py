@@ -81,11 +81,9 @@ def _arg_key(a: Any) -> Any:
 
 
 def launch_key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
-    """The direct-launch cache key; raises ``_Unkeyable`` (or ``TypeError`` from hashing an
-    odd keyword value) where a launch cannot be keyed."""
-    key = (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
-    hash(key)
-    return key
+    """The direct-launch cache key; raises ``_Unkeyable`` for an argument it cannot key (an
+    odd keyword value raises ``TypeError`` when the key is hashed)."""
+    return (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
 
 
 class CompiledLaunch:
@@ -160,9 +158,9 @@ def launch_direct(kernel, grid, args: tuple, kwargs: dict) -> bool:
     device = _current_device()
     try:
         key = launch_key(kernel, device, args, kwargs)
+        entry = _KERNELS.get(key)
     except (_Unkeyable, TypeError):
         return False
-    entry = _KERNELS.get(key)
     if entry is not None and not _hooks_set():
         entry(grid, device, args)
         return True

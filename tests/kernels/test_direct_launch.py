@@ -54,7 +54,13 @@ def test_arguments_of_other_types_are_not_keyed(odd):
 
 def test_an_unhashable_keyword_is_not_keyed():
     with pytest.raises(TypeError):
-        _key(torch.zeros(1), CONFIG=[1, 2])
+        hash(_key(torch.zeros(1), CONFIG=[1, 2]))
+
+
+def test_a_launch_that_cannot_be_keyed_is_left_to_triton(monkeypatch):
+    monkeypatch.setattr(dl, "_current_device", lambda: 0)
+    assert not dl.launch_direct(_Kernel(), (1,), (torch.zeros(1),), {"CONFIG": [1, 2]})
+    assert not dl.launch_direct(_Kernel(), (1,), ("text",), {})
 
 
 def _probe(x_ptr, n, scale, BLOCK, FLAG=True):
