@@ -82,7 +82,14 @@ def _arg_key(a: Any) -> Any:
 
 def launch_key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
     """The direct-launch cache key; raises ``_Unkeyable`` for an argument it cannot key (an
-    odd keyword value raises ``TypeError`` when the key is hashed)."""
+    odd keyword value raises ``TypeError`` when the key is hashed).
+
+    Keywords are keyed by value: right for constexprs and options, and it keeps any runtime
+    value passed by keyword correct too (its kept tail holds that value). A tensor keyword is
+    refused: keyed by identity it would never hit, and the kept entry would hold the tensor."""
+    for value in kwargs.values():
+        if isinstance(value, torch.Tensor):
+            raise _Unkeyable
     return (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
 
 

@@ -52,6 +52,12 @@ def test_arguments_of_other_types_are_not_keyed(odd):
         _key(odd)
 
 
+def test_a_tensor_keyword_is_not_keyed():
+    # Keyed by identity it would never hit again, and the kept tail would hold the tensor.
+    with pytest.raises(dl._Unkeyable):
+        _key(torch.zeros(1), bias_ptr=torch.zeros(1))
+
+
 def test_an_unhashable_keyword_is_not_keyed():
     with pytest.raises(TypeError):
         hash(_key(torch.zeros(1), CONFIG=[1, 2]))
