@@ -561,7 +561,7 @@ def _interleave(args) -> int:
         variants = interleave.parse_variants(args.variant)
     except ValueError as exc:
         raise UsageError(f"--variant: {exc}") from None
-    parser = interleave.options_parser(tuple(HOST_COPIES))
+    parser = interleave.options_parser(tuple(HOST_COPIES), TRITON_LAUNCH)
     chosen = {}
     for v in variants:
         try:
@@ -645,7 +645,8 @@ def _profile(args) -> int:
         raise UsageError("profile needs a CUDA GPU (it summarises the GPU's kernels and gaps)")
     _writable_place(args.json_path, "--json")
     cases = _cases(args, device)
-    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)  # every value checked before any model
+    # every value checked before any model is built
+    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)
     nodes = None
     if comfyui is not None:
         from .comfyui import comfyui_path, setup_comfyui

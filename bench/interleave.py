@@ -46,12 +46,13 @@ def parse_variants(texts: list[str]) -> list[Variant]:
     return variants
 
 
-def options_parser(host_copies: tuple[str, ...]) -> argparse.ArgumentParser:
+def options_parser(host_copies: tuple[str, ...],
+                   triton_launch: tuple[str, ...]) -> argparse.ArgumentParser:
     """What a variant may set: the run-time switches ``bench`` also takes."""
     parser = argparse.ArgumentParser(prog="--variant", add_help=False, exit_on_error=False)
     parser.add_argument("--host-copies", choices=host_copies, default=None)
     parser.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE")
-    parser.add_argument("--triton-launch", choices=("direct", "jit"), default=None)
+    parser.add_argument("--triton-launch", choices=triton_launch, default=None)
     return parser
 
 

@@ -296,6 +296,11 @@ def environment(options: BenchOptions, comfyui_version: str | None) -> dict:
                 True: memmove, False: "torch"}[host_copy.memmove]
     latent = "device" if pixel_settings.cast_latent_on_device else "host"
     info["host_copies"] = f"copy-out: {copy_out}; latent cast on the {latent}"
+    from ..kernels.direct_launch import direct_launch_unavailable_reason, launch_settings
+
+    reason = direct_launch_unavailable_reason()
+    info["triton_launch"] = ("jit" if not launch_settings.direct
+                             else "direct" if reason is None else f"jit ({reason})")
     if options.comfyui is not None:
         from .comfyui import memory_mode
 

@@ -365,6 +365,24 @@ def test_lossless_is_measured_beside_stock_before_any_fused_decode():
     assert set(result.peak_extra_mib) == {"stock", "lossless", "high", "stock_after_fused"}
 
 
+@pytest.mark.parametrize("choice,direct", [("jit", False), ("direct", True)])
+def test_bench_triton_launch_sets_the_switch_and_records_it(tmp_path, monkeypatch, choice, direct):
+    """``--triton-launch``: direct launches on or off for the run, named in the environment."""
+    pytest.importorskip("diffusers")
+    from fast_vae_decode.kernels.direct_launch import (
+        direct_launch_unavailable_reason,
+        launch_settings,
+    )
+
+    monkeypatch.setattr(launch_settings, "direct", not direct)
+    recorded = "jit" if direct_launch_unavailable_reason() is not None else choice
+    path = tmp_path / "launch.json"
+    code, _ = run_cli(["bench", "--cases", "tiny-sdxl", "--paths", "high", "--triton-launch",
+                       choice, "--json", str(path), "--burn-in", "0", *QUICK])
+    assert code == 0 and launch_settings.direct is direct
+    assert json.loads(path.read_text())["environment"]["triton_launch"].startswith(recorded)
+
+
 @pytest.mark.parametrize("choice,memmove,parts,cast,recorded", [
     ("auto", None, 4, True, "copy-out: memmove in 4 parts up to 32 MiB, else torch; latent cast on the device"),
     ("pooled", False, 4, False, "copy-out: torch; latent cast on the host"),
