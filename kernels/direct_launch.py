@@ -62,6 +62,7 @@ class _Unkeyable(Exception):
 
 
 _I32 = range(-(2 ** 31), 2 ** 31)
+_TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
 def _arg_key(a: Any) -> Any:
@@ -87,10 +88,11 @@ def launch_key(kernel, device: int, args: tuple, kwargs: dict) -> tuple:
     Keywords are keyed by value: right for constexprs and options, and it keeps any runtime
     value passed by keyword correct too (its kept tail holds that value). A tensor keyword is
     refused: keyed by identity it would never hit, and the kept entry would hold the tensor."""
-    for value in kwargs.values():
-        if isinstance(value, torch.Tensor):
-            raise _Unkeyable
-    return (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()))
+    # Values with their types: 1 == True == 1.0 as dict keys, but not as constexprs.
+    types = tuple(map(type, kwargs.values()))
+    if not _TENSOR_TYPES.isdisjoint(types):
+        raise _Unkeyable
+    return (kernel, device, tuple(map(_arg_key, args)), tuple(kwargs.items()), types)
 
 
 class CompiledLaunch:

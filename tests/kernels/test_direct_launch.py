@@ -31,6 +31,7 @@ def test_launches_that_triton_could_compile_apart_get_different_keys():
         _key(x, 17, 2.0, BLOCK=128, num_warps=4),  # constexpr value
         _key(x, 17, 2.0, BLOCK=64, num_warps=8),  # compile option
         _key(x, 17, None, BLOCK=64, num_warps=4),  # None is a constexpr
+        _key(x, 17, 2.0, BLOCK=64.0, num_warps=4),  # a float constexpr equal to the int
         dl.launch_key("k", 1, (x, 17, 2.0), dict(BLOCK=64, num_warps=4)),  # device
         dl.launch_key("other", 0, (x, 17, 2.0), dict(BLOCK=64, num_warps=4)),  # kernel
     ]
