@@ -405,9 +405,10 @@ def group_norm_silu(
 
 def _group_norm_silu_fused(x, weight, bias, num_groups, eps, silu, input_bias, config, plan,
                            stats: GroupStats | None) -> torch.Tensor:
-    """``group_norm_silu`` with the finalize pass folded into the other two (its note)."""
+    """``group_norm_silu`` with the finalize pass folded into the other two (its note); the
+    caller has checked the inputs and made the parameters contiguous."""
     n, c, h, w = x.shape
-    in_bias = input_bias.contiguous() if input_bias is not None else _zero_bias(c, x.device, x.dtype)
+    in_bias = input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype)
     if stats is not None:
         group_mean, group_var = stats.group_mean, stats.group_var
     else:
@@ -416,8 +417,6 @@ def _group_norm_silu_fused(x, weight, bias, num_groups, eps, silu, input_bias, c
         _launch_stats(x, in_bias, None, ws[:plan.parts], ws[plan.parts:], num_groups, config,
                       plan, write_sum=False, groups=groups)
         group_mean, group_var = groups[0], groups[1]
-    weight = None if weight is None else weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
     out = torch.empty_like(x, memory_format=torch.channels_last)
     with on_device(x.device):
         launch(_group_norm_apply_groups_kernel, (plan.apply_programs, n),
