@@ -64,7 +64,7 @@ def launch(kernel, grid, *args, **kwargs) -> None:
     recorded = getattr(_RECORDING, "launches", None)
     if recorded is not None:
         recorded.append((kernel, grid, args, kwargs))
-    elif interpreting() or not launch_direct(kernel, grid, args, kwargs):
+    elif not launch_direct(kernel, grid, args, kwargs):
         kernel[grid](*args, **kwargs)
 
 

@@ -10,12 +10,14 @@ Here the first launch of each (kernel, signature) goes through Triton as usual a
 kernel it used is kept; later launches with the same signature hand their arguments straight to
 that kernel's launcher, as Triton's own dispatch ends by doing. The signature is deliberately
 wider than what Triton specialises on: every tensor's dtype and 16-byte alignment, every int's
-width class, ``== 1`` and divisibility by 16, every keyword's value and the current device. So
-two launches share a compiled kernel here only where Triton would have given them the same one.
+width class, ``== 1`` and divisibility by 16, every keyword's value and type, and the current
+device. So two launches share a compiled kernel here only where Triton would have given them
+the same one.
 
 Not taken (Triton's dispatch runs instead, exactly as before): Tritons without ``triton.knobs``
-(before 3.4, whose launchers take another argument list), the interpreter, callable grids,
-argument types other than tensors, ints, floats, bools and None, and any launch while Triton's
+(before 3.4, whose launchers take another argument list), kernels made under the interpreter,
+callable grids, argument types other than tensors, ints, floats, bools and None, tensor
+keywords, and any launch while Triton's
 launch hooks are set (profilers such as proton see every launch as usual). Triton's check that a
 kernel's global constants have not changed since it was compiled is skipped on direct launches:
 the pack's kernels read no mutable globals.
@@ -31,9 +33,11 @@ import torch
 try:
     import triton
     from triton import knobs as _knobs
+    from triton.runtime.interpreter import InterpretedFunction as _Interpreted
 except Exception:  # no Triton, or one before 3.4 (no knobs): Triton's dispatch only
     triton = None
     _knobs = None
+    _Interpreted = None
 
 # Bounded so that a caller feeding ever-new signatures cannot grow it without end; a decode
 # meets a few dozen.
@@ -162,7 +166,10 @@ def _hooks_set() -> bool:
 def launch_direct(kernel, grid, args: tuple, kwargs: dict) -> bool:
     """Launch ``kernel[grid](*args, **kwargs)``, directly where a compiled kernel was kept for
     this signature; False (nothing launched) where the launch is not one to take here."""
-    if triton is None or not launch_settings.direct or not isinstance(grid, tuple):
+    # The kernel's own type says whether it was made under the interpreter (no compiled kernel
+    # to keep), without reading the environment on every launch.
+    if (triton is None or not launch_settings.direct or not isinstance(grid, tuple)
+            or isinstance(kernel, _Interpreted)):
         return False
     device = _current_device()
     try:

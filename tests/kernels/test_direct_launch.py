@@ -170,3 +170,11 @@ def test_the_kept_kernels_stay_bounded(fresh, monkeypatch):
     for block in range(10):
         dl.launch_direct(kernel, (1,), (torch.zeros(4), 4), {"BLOCK": block})
     assert len(dl._KERNELS) <= 3
+
+
+def test_a_kernel_made_under_the_interpreter_is_left_to_triton():
+    def body(x_ptr, BLOCK):
+        pass
+
+    interpreted = dl._Interpreted(body)
+    assert not dl.launch_direct(interpreted, (1,), (torch.zeros(1),), {"BLOCK": 4})
