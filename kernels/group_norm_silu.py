@@ -59,9 +59,6 @@ STATS_PROGRAMS_PER_SM = 4
 APPLY_TILE_ELEMENTS = 4096
 APPLY_PROGRAMS_PER_SM = 6
 FINALIZE_BLOCK_S = 512
-# Fused finalize: the last statistics program of a sample combines its G groups' partials in
-# [pow2(G), 64] tiles (64 partials of every group per step).
-FUSED_FINALIZE_BLOCK_S = 64
 # A whole pixel's channels (rounded up to a power of two) must fit one tile row.
 MAX_BLOCK_C = 8192
 # Groups of a width that is not a power of two are combined through a [groups, channels] mask.
@@ -238,24 +235,11 @@ def _launch_plan(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLU
 
 
 class GroupStats(NamedTuple):
-    """Pass 1's partial statistics of one tensor, for ``group_norm_silu(..., stats=)``; with
-    ``fused_finalize`` also each group's mean and variance (``group_mean``, ``group_var``)."""
+    """Pass 1's partial statistics of one tensor, for ``group_norm_silu(..., stats=)``."""
 
-    problem: tuple  # (n, c, hw, num_groups, config, fused_finalize): how they were taken
+    problem: tuple  # (n, c, hw, num_groups, config): the launch plan they were taken with
     part_mean: torch.Tensor
     part_m2: torch.Tensor
-    group_mean: torch.Tensor | None = None
-    group_var: torch.Tensor | None = None
-
-
-def _group_buffers(n: int, num_groups: int, device: torch.device):
-    """Per-(sample, group) mean and variance, and one zeroed arrival counter per sample, for a
-    fused finalize (the counters must start at zero on every launch: one memset, cheaper on
-    the host than a finalize launch)."""
-    groups = _cdiv(n * num_groups, 4) * 4
-    stats = torch.empty(2 * groups, device=device, dtype=torch.float32)
-    counters = torch.zeros(n, device=device, dtype=torch.int32)
-    return stats[:groups], stats[groups:], counters
 
 
 def add_bias_residual_group_stats_(
@@ -265,12 +249,10 @@ def add_bias_residual_group_stats_(
     num_groups: int,
     *,
     config: GroupNormSiLUConfig | None = None,
-    fused_finalize: bool = False,
 ) -> GroupStats | None:
     """``out += bias (+ residual)`` in place, rounded once as ``bias_residual_add_`` does, and
     the group statistics of the result (the module's note); None, with ``out`` untouched, where
-    ``group_norm_silu_unsupported`` or the residual's layout says no. ``fused_finalize``: the
-    statistics pass also combines them per group (see ``group_norm_silu``)."""
+    ``group_norm_silu_unsupported`` or the residual's layout says no."""
     if group_norm_silu_unsupported(out, None, None, num_groups, bias) is not None:
         return None
     if residual is not None and (not same_layout(residual, out) or residual.dtype != out.dtype
@@ -283,36 +265,24 @@ def add_bias_residual_group_stats_(
     plan = _launch_plan(n, c, h * w, num_groups, config)
     ws = torch.empty(2 * plan.parts, device=out.device, dtype=torch.float32)
     part_mean, part_m2 = ws[:plan.parts], ws[plan.parts:]
-    groups = _group_buffers(n, num_groups, out.device) if fused_finalize else None
     _launch_stats(out, bias, residual, part_mean, part_m2, num_groups, config, plan,
-                  write_sum=True, groups=groups)
-    problem = (n, c, h * w, num_groups, config, bool(fused_finalize))
-    if groups is None:
-        return GroupStats(problem, part_mean, part_m2)
-    return GroupStats(problem, part_mean, part_m2, groups[0], groups[1])
+                  write_sum=True)
+    return GroupStats((n, c, h * w, num_groups, config), part_mean, part_m2)
 
 
 def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, plan,
-                  write_sum: bool, groups=None) -> None:
-    """Pass 1; ``groups`` (``_group_buffers``): its last program per sample also combines the
-    partials per group (a fused finalize)."""
+                  write_sum: bool) -> None:
     n, c, h, w = x.shape
     in_bias = _zero_bias(c, x.device, x.dtype) if in_bias is None else in_bias.contiguous()
-    res = residual if residual is not None else x  # unused unless HAS_RES
-    meta = dict(C=c, G=num_groups, CPG=c // num_groups, HAS_IN_BIAS=True,
-                HAS_RES=residual is not None, WRITE_SUM=write_sum,
-                BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=plan.block_g,
-                num_warps=config.stats_warps)
     with on_device(x.device):
-        if groups is None:
-            launch(_group_norm_stats_kernel, (plan.splits, n), x, in_bias, res, part_mean,
-                   part_m2, h * w, plan.pix_per_program, plan.splits, **meta)
-        else:
-            group_mean, group_var, counters = groups
-            launch(_group_norm_stats_combine_kernel, (plan.splits, n), x, in_bias, res,
-                   part_mean, part_m2, counters, group_mean, group_var, h * w,
-                   plan.pix_per_program, plan.splits, **meta,
-                   BLOCK_FS=FUSED_FINALIZE_BLOCK_S)
+        launch(_group_norm_stats_kernel, (plan.splits, n),
+            x, in_bias, residual if residual is not None else x,  # unused unless HAS_RES
+            part_mean, part_m2, h * w, plan.pix_per_program, plan.splits,
+            C=c, G=num_groups, CPG=c // num_groups, HAS_IN_BIAS=True,
+            HAS_RES=residual is not None, WRITE_SUM=write_sum,
+            BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=plan.block_g,
+            num_warps=config.stats_warps,
+        )
 
 
 def group_norm_silu(
@@ -326,7 +296,6 @@ def group_norm_silu(
     input_bias: torch.Tensor | None = None,
     config: GroupNormSiLUConfig | None = None,
     stats: GroupStats | None = None,
-    fused_finalize: bool = False,
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
     module's note); a new channels-last tensor of x.dtype.
@@ -336,11 +305,6 @@ def group_norm_silu(
     The caller vouches that x has not changed since. Returns None when
     ``group_norm_silu_unsupported`` gives a reason: the caller falls back to the stock module.
     ``config`` overrides the heuristic.
-
-    ``fused_finalize``: two launches instead of three. The last statistics program of each
-    sample (an arrival counter, acquire-release) combines the partials into each group's mean
-    and variance, and the apply pass forms the per-channel scale and shift itself (the same
-    fp32 formulas as the finalize pass). Not yet measured on a GPU: off by default.
     """
     if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
         return None
@@ -357,13 +321,9 @@ def group_norm_silu(
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     input_bias = None if input_bias is None else input_bias.contiguous()
-    fused_finalize = bool(fused_finalize)
     if stats is not None and (input_bias is not None or stats.part_mean.device != x.device
-                              or stats.problem != (n, c, hw, num_groups, config, fused_finalize)):
+                              or stats.problem != (n, c, hw, num_groups, config)):
         stats = None  # taken for another problem or plan (or x + input_bias was asked)
-    if fused_finalize:
-        return _group_norm_silu_fused(x, weight, bias, num_groups, eps, silu, input_bias,
-                                      config, plan, stats)
     # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits] (unless
     # handed over), then the per-channel scale and shift [n, C]; each piece starts 16-byte
     # aligned for vector loads.
@@ -403,35 +363,6 @@ def group_norm_silu(
     return out
 
 
-def _group_norm_silu_fused(x, weight, bias, num_groups, eps, silu, input_bias, config, plan,
-                           stats: GroupStats | None) -> torch.Tensor:
-    """``group_norm_silu`` with the finalize pass folded into the other two (its note); the
-    caller has checked the inputs and made the parameters contiguous."""
-    n, c, h, w = x.shape
-    in_bias = input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype)
-    if stats is not None:
-        group_mean, group_var = stats.group_mean, stats.group_var
-    else:
-        ws = torch.empty(2 * plan.parts, device=x.device, dtype=torch.float32)
-        groups = _group_buffers(n, num_groups, x.device)
-        _launch_stats(x, in_bias, None, ws[:plan.parts], ws[plan.parts:], num_groups, config,
-                      plan, write_sum=False, groups=groups)
-        group_mean, group_var = groups[0], groups[1]
-    out = torch.empty_like(x, memory_format=torch.channels_last)
-    with on_device(x.device):
-        launch(_group_norm_apply_groups_kernel, (plan.apply_programs, n),
-            x, out, group_mean, group_var,
-            weight if weight is not None else group_mean,  # unused unless HAS_WEIGHT
-            bias if bias is not None else group_mean,  # unused unless HAS_BIAS
-            in_bias, float(eps), h * w, plan.apply_tiles_per_program,
-            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c), SILU=bool(silu),
-            G=num_groups, CPG=c // num_groups,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            num_warps=config.apply_warps,
-        )
-    return out
-
-
 # Sizes and loop counts are plain runtime ints (``do_not_specialize``): left to Triton's default,
 # each distinct divisibility-by-16 pattern of them is a separate compilation (~0.3 s each on an
 # H200 host), and one decode meets several. Alignment comes from the constexpr C (a multiple of
@@ -447,46 +378,6 @@ if triton is not None:
         stored = x.to(x_ptrs.dtype.element_ty)
         tl.store(x_ptrs, stored, mask=mask)
         return stored.to(tl.float32)
-
-    @triton.jit
-    def _partials_tile(mean_ptr, row, g_ok, s0, HW, PIX_PER_PROGRAM, SPLITS, BLOCK_S: tl.constexpr):
-        """One [groups, BLOCK_S] tile of partial means from split s0 on: which are real, the
-        pixels each split holds (fp32) and the means, read through L2."""
-        s = s0 + tl.arange(0, BLOCK_S)[None, :]
-        ok = g_ok & (s < SPLITS)
-        cnt = tl.where(ok, tl.minimum(HW - s * PIX_PER_PROGRAM, PIX_PER_PROGRAM), 0)
-        m = tl.load(mean_ptr + row + s, mask=ok, other=0.0, cache_modifier=".cg")
-        return ok, cnt.to(tl.float32), m
-
-    @triton.jit
-    def _combine_groups(mean_ptr, m2_ptr, gmean_ptr, gvar_ptr, n, HW, PIX_PER_PROGRAM, SPLITS,
-                        G: tl.constexpr, CPG: tl.constexpr, BLOCK_G: tl.constexpr,
-                        BLOCK_S: tl.constexpr):
-        """A fused finalize: sample n's partials combined per group (the finalize kernel's
-        two-pass parallel-variance formula, all groups at once in [BLOCK_G, BLOCK_S] tiles)
-        into each group's mean and variance. Partials are read through L2 (``.cg``): other
-        programs wrote them during this kernel."""
-        g = tl.arange(0, BLOCK_G)[:, None]
-        row = (n * G + g) * SPLITS
-        total = (HW * 1.0) * CPG
-        acc = tl.zeros([BLOCK_G, BLOCK_S], dtype=tl.float32)
-        for s0 in range(0, SPLITS, BLOCK_S):
-            ok, cnt, m = _partials_tile(mean_ptr, row, g < G, s0, HW, PIX_PER_PROGRAM, SPLITS,
-                                        BLOCK_S)
-            acc += cnt * CPG * m
-        mean = tl.sum(acc, axis=1) / total
-        acc = tl.zeros([BLOCK_G, BLOCK_S], dtype=tl.float32)
-        for s0 in range(0, SPLITS, BLOCK_S):
-            ok, cnt, m = _partials_tile(mean_ptr, row, g < G, s0, HW, PIX_PER_PROGRAM, SPLITS,
-                                        BLOCK_S)
-            m2 = tl.load(m2_ptr + row + s0 + tl.arange(0, BLOCK_S)[None, :], mask=ok,
-                         other=0.0, cache_modifier=".cg")
-            d = m - mean[:, None]
-            acc += m2 + cnt * CPG * d * d
-        var = tl.maximum(tl.sum(acc, axis=1) / total, 0.0)
-        gs = tl.arange(0, BLOCK_G)
-        tl.store(gmean_ptr + n * G + gs, mean, mask=gs < G)
-        tl.store(gvar_ptr + n * G + gs, var, mask=gs < G)
 
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_stats_kernel(
@@ -577,29 +468,6 @@ if triton is not None:
         tl.store(m2_ptr + out, m2_g, mask=g < G)
 
     @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
-    def _group_norm_stats_combine_kernel(
-        x_ptr, in_bias_ptr, res_ptr, mean_ptr, m2_ptr, count_ptr, gmean_ptr, gvar_ptr,
-        HW, PIX_PER_PROGRAM, SPLITS,
-        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
-        HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
-        BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
-        BLOCK_FS: tl.constexpr,
-    ):
-        # Pass 1 as ``_group_norm_stats_kernel`` takes it (called here, inlined), then a fused
-        # finalize: every thread's partials are stored before the program's arrival is counted
-        # (barrier, then a gpu-scope release), and the sample's last program to arrive acquires
-        # them all. Counters start at zero per launch (``_group_buffers``).
-        _group_norm_stats_kernel(x_ptr, in_bias_ptr, res_ptr, mean_ptr, m2_ptr, HW,
-                                 PIX_PER_PROGRAM, SPLITS, C, G, CPG, HAS_IN_BIAS, HAS_RES,
-                                 WRITE_SUM, BLOCK_P, BLOCK_C, BLOCK_G)
-        n = tl.program_id(1)
-        tl.debug_barrier()
-        arrived = tl.atomic_add(count_ptr + n, 1, sem="acq_rel", scope="gpu")
-        if arrived == SPLITS - 1:
-            _combine_groups(mean_ptr, m2_ptr, gmean_ptr, gvar_ptr, n, HW, PIX_PER_PROGRAM,
-                            SPLITS, G, CPG, BLOCK_G, BLOCK_FS)
-
-    @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
     def _group_norm_finalize_kernel(
         mean_ptr, m2_ptr, w_ptr, b_ptr, in_bias_ptr, scale_ptr, shift_ptr,
         HW, PIX_PER_PROGRAM, SPLITS, eps,
@@ -648,15 +516,19 @@ if triton is not None:
         tl.store(scale_ptr + n * C + c, scale, mask=ok)
         tl.store(shift_ptr + n * C + c, shift, mask=ok)
 
-    @triton.jit
-    def _apply_tiles(x_ptr, y_ptr, scale, shift, HW, TILES_PER_PROGRAM, pid, n,
-                     C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-                     SILU: tl.constexpr):
-        """Pass 3 over one program's contiguous run of pixel tiles, with the per-channel
-        ``scale`` and ``shift`` ([1, BLOCK_C] fp32) it was given."""
+    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM"])
+    def _group_norm_apply_kernel(
+        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM,
+        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        n = tl.program_id(1)
         p = tl.arange(0, BLOCK_P)[:, None]
         c = tl.arange(0, BLOCK_C)[None, :]
         c_ok = c < C
+        # Loaded once per program and reused over its tiles (a tile is only a few pixels wide).
+        scale = tl.load(scale_ptr + n * C + c, mask=c_ok, other=0.0)
+        shift = tl.load(shift_ptr + n * C + c, mask=c_ok, other=0.0)
         p0 = pid * TILES_PER_PROGRAM * BLOCK_P
         offs = (n.to(tl.int64) * HW + p0) * C + p * C + c
         for t in range(TILES_PER_PROGRAM):
@@ -667,43 +539,3 @@ if triton is not None:
                 y = y * tl.sigmoid(y)
             tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
             offs += BLOCK_P * C
-
-    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM"])
-    def _group_norm_apply_kernel(
-        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM,
-        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,
-    ):
-        pid = tl.program_id(0)
-        n = tl.program_id(1)
-        c = tl.arange(0, BLOCK_C)[None, :]
-        c_ok = c < C
-        # Loaded once per program and reused over its tiles (a tile is only a few pixels wide).
-        scale = tl.load(scale_ptr + n * C + c, mask=c_ok, other=0.0)
-        shift = tl.load(shift_ptr + n * C + c, mask=c_ok, other=0.0)
-        _apply_tiles(x_ptr, y_ptr, scale, shift, HW, TILES_PER_PROGRAM, pid, n, C, BLOCK_P,
-                     BLOCK_C, SILU)
-
-    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM"])
-    def _group_norm_apply_groups_kernel(
-        x_ptr, y_ptr, gmean_ptr, gvar_ptr, w_ptr, b_ptr, in_bias_ptr, eps, HW, TILES_PER_PROGRAM,
-        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,
-        G: tl.constexpr, CPG: tl.constexpr, HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr,
-    ):
-        # A fused finalize's pass 3: each program forms the per-channel scale and shift from
-        # the groups' mean and variance with the finalize kernel's fp32 formulas.
-        pid = tl.program_id(0)
-        n = tl.program_id(1)
-        c = tl.arange(0, BLOCK_C)[None, :]
-        c_ok = c < C
-        mean = tl.load(gmean_ptr + n * G + c // CPG, mask=c_ok, other=0.0)
-        var = tl.load(gvar_ptr + n * G + c // CPG, mask=c_ok, other=0.0)
-        rstd = 1.0 / tl.sqrt(var + eps)
-        scale = tl.zeros([1, BLOCK_C], dtype=tl.float32) + rstd
-        if HAS_WEIGHT:
-            scale *= tl.load(w_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        shift = -mean * scale
-        if HAS_BIAS:
-            shift += tl.load(b_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        shift += tl.load(in_bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32) * scale
-        _apply_tiles(x_ptr, y_ptr, scale, shift, HW, TILES_PER_PROGRAM, pid, n, C, BLOCK_P,
-                     BLOCK_C, SILU)

@@ -179,33 +179,6 @@ def test_default_decode_hands_residual_statistics_on(tiny, monkeypatch):
     assert stats.fallbacks == {} and any(taken)
 
 
-def test_fused_norm_finalize_drops_the_finalize_launches(tiny, monkeypatch):
-    """``fused_norm_finalize``: every norm in two launches (no finalize kernel at all), the
-    statistics still handed from the closing adds, the decode within fp32 reordering of the
-    three-launch one, and with the hand-off on or off bit-identical to itself."""
-    from fast_vae_decode.kernels import backend
-    from fast_vae_decode.kernels import group_norm_silu as gns
-
-    model, _, z, _, _ = tiny
-    real_launch = backend.launch
-    outs = {}
-    for fused, rns in ((False, True), (True, True), (True, False)):
-        kernels = []
-        monkeypatch.setattr(gns, "launch", lambda k, *a, kernels=kernels, **kw: (
-            kernels.append(k), real_launch(k, *a, **kw))[1])
-        monkeypatch.setattr(kl_settings.settings, "fused_norm_finalize", fused)
-        monkeypatch.setattr(kl_settings.settings, "residual_norm_stats", rns)
-        outs[fused, rns], stats = _decode(model, z, is_open=True)
-        assert stats.fallbacks == {} and stats.fused_calls == TINY_FUSED
-        finalizes = kernels.count(gns._group_norm_finalize_kernel)
-        applies = (kernels.count(gns._group_norm_apply_kernel)
-                   + kernels.count(gns._group_norm_apply_groups_kernel))
-        assert applies > 0 and finalizes == (0 if fused else applies)
-        assert kernels.count(gns._group_norm_apply_groups_kernel) == (applies if fused else 0)
-    assert torch.equal(outs[True, True], outs[True, False])
-    torch.testing.assert_close(outs[True, True], outs[False, True], rtol=1e-5, atol=1e-5)
-
-
 def test_handed_statistics_are_dropped_by_a_stock_path_between(monkeypatch):
     """Only a norm of the very tensor they were taken of uses them, and a block on its stock
     path in between clears them (it could have written anything)."""

@@ -179,64 +179,6 @@ def test_handed_statistics_of_another_problem_are_not_used():
                                        input_bias=in_bias), with_bias)
 
 
-@pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_fused_finalize_matches_reference_and_the_finalize_pass(shape, dtype, config):
-    """Two launches (the last statistics program per sample combines the groups, the apply
-    pass forms scale and shift): the norm within tolerance, and the three-launch result to
-    within fp32 reordering (one output ULP in bf16). TINY gives several programs per sample,
-    so the arrival counter decides which one combines."""
-    n, c, h, w, g = shape
-    x = _input(n, c, h, w, dtype)
-    weight, bias = _affine(c, dtype=dtype)
-    in_bias = (torch.randn(c, generator=torch.Generator().manual_seed(5)) * 0.5).to(dtype)
-    before = x.clone()
-    for kw in ({}, {"input_bias": in_bias}):
-        fused = group_norm_silu(x, weight, bias, g, EPS, config=config, fused_finalize=True, **kw)
-        three = group_norm_silu(x, weight, bias, g, EPS, config=config, **kw)
-        ref = group_norm_silu_reference(x, weight, bias, g, EPS, **kw)
-        assert fused.dtype == x.dtype and fused.permute(0, 2, 3, 1).is_contiguous()
-        rtol, atol = TOL[dtype]
-        torch.testing.assert_close(fused.float(), ref.float(), rtol=rtol, atol=atol)
-        torch.testing.assert_close(fused.float(), three.float(), rtol=rtol, atol=atol)
-    assert torch.equal(x, before)
-
-
-@pytest.mark.parametrize("affine", ["none", "weight", "bias"])
-@pytest.mark.parametrize("silu", [True, False], ids=["silu", "no-silu"])
-def test_fused_finalize_affine_and_silu_variants(affine, silu):
-    x = _input(2, 64, 5, 3, torch.float32)
-    w, b = _affine(64)
-    weight = w if affine == "weight" else None
-    bias = b if affine == "bias" else None
-    fused = group_norm_silu(x, weight, bias, 32, EPS, silu, config=TINY, fused_finalize=True)
-    ref = group_norm_silu_reference(x, weight, bias, 32, EPS, silu)
-    torch.testing.assert_close(fused, ref, rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
-def test_fused_finalize_takes_handed_statistics_bit_for_bit(config):
-    """The residual add's statistics pass combines the groups the same way, so the norm
-    started from them is bit-identical to the norm taking its own; statistics handed over
-    without the fused finalize are not used by a fused norm (pass 1 runs again)."""
-    out = _input(2, 96, 7, 5, torch.bfloat16, seed=2)
-    residual = _input(2, 96, 7, 5, torch.bfloat16, mean=-2.0, seed=3)
-    conv_bias = torch.randn(96, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
-    weight, bias = _affine(96, dtype=torch.bfloat16)
-    stats = add_bias_residual_group_stats_(out, conv_bias, residual, 32, config=config,
-                                           fused_finalize=True)
-    assert stats is not None and stats.group_mean is not None
-    own = group_norm_silu(out, weight, bias, 32, EPS, config=config, fused_finalize=True)
-    handed = group_norm_silu(out, weight, bias, 32, EPS, config=config, stats=stats,
-                             fused_finalize=True)
-    assert torch.equal(handed, own)
-    unfused = stats._replace(problem=stats.problem[:-1] + (False,),
-                             group_mean=torch.full_like(stats.group_mean, 1e3))
-    assert torch.equal(group_norm_silu(out, weight, bias, 32, EPS, config=config, stats=unfused,
-                                       fused_finalize=True), own)
-
-
 @pytest.mark.parametrize("case", ["residual strides", "residual dtype", "contiguous out"])
 def test_residual_add_statistics_decline_what_they_cannot_take(case):
     """None, and ``out`` untouched, where the residual does not match ``out`` or ``out`` is not

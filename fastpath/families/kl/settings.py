@@ -53,14 +53,11 @@ class KLSettings:
     # -0.8%, SDXL 2048² -3.7 / -4.3%, SD1.5 768x512 batch 4 -1.4 / -0.9%
     # (docs/benchmark/9716de3/interleave-*.log).
     residual_norm_stats: bool = True
-    # Each GroupNorm in two launches instead of three: the statistics pass's last program per
-    # sample combines the groups, the apply pass forms scale and shift
-    # (``group_norm_silu(fused_finalize=)``); one launch fewer per norm where the decode waits
-    # on the host (SDXL 1024²: 4.3 ms host-late idle at 7e9fffc), and no finalize variants to
-    # compile (SDXL: 13 instead of 16, but 5.2 s of single-thread sm_90 compile work on the CI
-    # host against 4.3 s: the combining statistics kernels are heavier). Not yet measured on a
-    # GPU, hence off (``interleave --variant fused='--kl-setting fused_norm_finalize=true'``).
-    fused_norm_finalize: bool = False
+    # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
+    # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
+    # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under
+    # 0.8, and its handed-over statistics were not bit-stable at 4x512x96x64 on the GPU; removed.
+    # docs/benchmark/3cdeced/interleave.md)
 
 
 settings = KLSettings()
