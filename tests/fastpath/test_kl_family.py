@@ -16,6 +16,7 @@ import torch
 
 from fast_vae_decode.fastpath import cache, install
 from fast_vae_decode.fastpath.families.kl import install as kl
+from fast_vae_decode.fastpath.families.kl import modules as kl_modules
 from fast_vae_decode.fastpath.families.kl import ops as kl_ops
 from fast_vae_decode.fastpath.families.kl import settings as kl_settings
 from fast_vae_decode.fastpath.families.kl.ops import FusedGroupNormSiLU
@@ -393,3 +394,20 @@ def test_load_state_dict_into_an_installed_model():
     assert torch.equal(_decode(model, z, is_open=False)[0], expected)
     out, _ = _decode(model, z, is_open=True)
     assert _rel_err(out, expected) < REL_TOL  # stale folds would be far off
+
+
+@pytest.mark.parametrize("batch, tokens, expected", [
+    (1, 6144, "sdpa"),  # one SD1.5 768x512 image: below the threshold
+    (4, 6144, "chunked"),  # the same images as a batch of 4: the batch's tokens count
+    (1, 16384, "chunked"),  # one SDXL 1024² image
+])
+def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expected):
+    chosen = []
+    monkeypatch.setattr(kl_modules, "attention_sdpa", lambda q, k, v: chosen.append("sdpa"))
+    monkeypatch.setattr(kl_modules, "attention_chunked",
+                        lambda q, k, v, fp32_scores: chosen.append("chunked"))
+    monkeypatch.setattr(kl_settings.settings, "attention", "auto")
+    monkeypatch.setattr(kl_settings.settings, "chunked_min_tokens", 8192)
+    q = torch.empty(batch, tokens, 8)
+    kl_modules.attend(q, q, q)
+    assert chosen == [expected]

@@ -22,8 +22,8 @@ class KLSettings:
     against 24.6 / 109.1 off; fp32 scores 25.1 / 128.9 for the same 56 / 57 dB PSNR)."""
 
     # "chunked" (matmul + softmax by query chunks), "sdpa" (torch SDPA: the stock kernel at
-    # d=512) or "auto" (chunked from ``chunked_min_tokens`` tokens up, where SDPA's
-    # memory-efficient kernel is slower; below that size neither matters).
+    # d=512) or "auto" (chunked from ``chunked_min_tokens`` tokens in the batch up, where
+    # SDPA's memory-efficient kernel is slower; below that size neither matters).
     attention: str = "auto"
     chunked_min_tokens: int = 8192
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
