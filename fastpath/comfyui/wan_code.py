@@ -93,6 +93,10 @@ KNOWN: dict[tuple[str, str], dict[tuple[frozenset, tuple], Code]] = {
     (f"{V22}.Resample", "forward"): {
         _key(_RESAMPLE | _JOIN | {"zeros_like"}, _X_CACHE): Code(cache=JOINED),
     },
+    (f"{V22}.DupUp3D", "forward"): {
+        _key({"contiguous", "factor_s", "factor_t", "out_channels", "permute", "repeat_interleave",
+              "repeats", "size", "view"}, ("x", "first_chunk")): Code(),
+    },
     (f"{V21}.AttentionBlock", "forward"): {
         _key(_ATTENTION, ("x",)): Code(),
         _key(_ATTENTION, _X_CACHE + ("final",)): Code(ignored=("feat_cache", "feat_idx", "final")),

@@ -178,8 +178,9 @@ def test_unloading_the_copy_leaves_the_original_loaded_state_alone(vaes):
 
 def _known_modules(model) -> int:
     """The fused modules the Wan wing knows for a ComfyUI Wan decoder: every causal conv,
-    residual block, attention block, upsampling resample and the head norm, plus the decode loop."""
-    names = ("CausalConv3d", "ResidualBlock", "AttentionBlock")
+    residual block, attention block, upsampling resample, Wan 2.2 up-shortcut and the head norm,
+    plus the decode loop."""
+    names = ("CausalConv3d", "ResidualBlock", "AttentionBlock", "DupUp3D")
     count = 1 + 1  # the decode loop and the head norm
     for m in model.decoder.modules():
         name = type(m).__dict__.get("_fvd_stock_class", type(m)).__qualname__

@@ -16,6 +16,7 @@ from fast_vae_decode.fastpath.families.wan.modules import (
     FusedRMSNorm,
     FusedWanAttention,
     FusedWanCausalConv3d,
+    FusedWanDupUp3D,
     FusedWanResample,
     FusedWanResidualBlock,
 )
@@ -155,6 +156,29 @@ def test_high_close_to_lossless(models, kind, shape):
     assert got.shape == expected.shape and torch.isfinite(got).all()
     # fp32 throughout: the fused norm sums squares in another order and the channels-last convs
     # use other CPU kernels, each ~1e-7 relative; ~15 layers deep on outputs of magnitude ~1.
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind,shape", [CASES[4], CASES[5]], ids=[IDS[4], IDS[5]])
+def test_wan22_shortcuts_are_written_channels_last(models, kind, shape):
+    """Wan 2.2's DupUp3D shortcuts run ``dup_up_3d`` in a high decode (first chunk included:
+    its leading frame is dropped) and hand the block's add a channels-last-3d tensor."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
+
+    _, model, _ = models[kind]
+    shortcuts = [m for m in model.decoder.modules() if isinstance(m, DupUp3D)]
+    assert shortcuts and all(isinstance(m, FusedWanDupUp3D) for m in shortcuts)
+    seen = []
+    hooks = [m.register_forward_hook(lambda m, args, kwargs, out: seen.append(
+        (kwargs.get("first_chunk", False), out.is_contiguous(memory_format=torch.channels_last_3d))),
+        with_kwargs=True) for m in shortcuts]
+    try:
+        got, expected, stats = _high_and_stock(models, kind, shape)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert stats.fallbacks == {}
+    assert {first for first, _ in seen} == {True, False} and all(cl for _, cl in seen)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ....kernels.dup_up_3d import DUP_UP_3D
 from ...contract import Family, InstallReport, register_family
 from ...reasons import first_reason
 from ...recognize import is_a, is_wan_vae_model
@@ -26,6 +27,7 @@ from .modules import (
     FusedRMSNorm,
     FusedWanAttention,
     FusedWanCausalConv3d,
+    FusedWanDupUp3D,
     FusedWanResample,
     FusedWanResidualBlock,
 )
@@ -48,6 +50,7 @@ CAUSAL_CONVS = (f"{_V21}.CausalConv3d", f"{_DIF}.WanCausalConv3d")
 RMS_NORMS = (f"{_V21}.RMS_norm", f"{_DIF}.WanRMS_norm")
 ATTENTIONS = (f"{_V21}.AttentionBlock", f"{_DIF}.WanAttentionBlock")
 RESAMPLES = (f"{_V21}.Resample", f"{_V22}.Resample", f"{_DIF}.WanResample")
+DUP_UPS = (f"{_V22}.DupUp3D", f"{_DIF}.DupUp3D")
 
 # Stock modules the fast path may hand channels-last-3d tensors to, checked to be layout-agnostic
 # (they reshape/slice/concatenate; ``view``s only where the layout allows it): exact classes.
@@ -161,6 +164,18 @@ def resample_reason(m) -> str | None:
     return None
 
 
+def dup_up_reason(m) -> str | None:
+    """The shortcut's factors as ``dup_up_3d`` reads them (its channels and repeats agree)."""
+    try:
+        c_in, c_out, ft, fs, repeats = (int(getattr(m, name)) for name in
+                                        ("in_channels", "out_channels", "factor_t", "factor_s", "repeats"))
+    except (AttributeError, TypeError, ValueError):
+        return "DupUp3D without integer channels, factors and repeats"
+    if min(c_in, c_out, ft, fs) < 1 or repeats * c_in != c_out * ft * fs * fs:
+        return "DupUp3D repeats do not match its channels and factors"
+    return forward_code_reason(m) or DUP_UP_3D.channels_reason(c_out)
+
+
 def head_norms(decoder) -> list:
     """The decoder's output norm (its SiLU follows as a stock module)."""
     head = getattr(decoder, "head", None)
@@ -201,6 +216,8 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
         elif is_a(m, *RESAMPLES):
             _swap(report, path, m, FusedWanResample, resample_reason(m), gate,
                   _fvd_cache_rule=cache_rule(m), _fvd_ignored=ignored_args(m))
+        elif is_a(m, *DUP_UPS):
+            _swap(report, path, m, FusedWanDupUp3D, dup_up_reason(m), gate)
         elif is_a(m, *ATTENTIONS):
             _swap(report, path, m, FusedWanAttention, attention_reason(m), gate,
                   _fvd_ignored=ignored_args(m))

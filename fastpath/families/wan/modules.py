@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from ....kernels.bias_residual_add import sum_biases
+from ....kernels.dup_up_3d import dup_up_3d, dup_up_3d_unsupported
 from ....kernels.rms_norm_silu import RMS_NORM_SILU
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
 from ...cache import cached
@@ -210,6 +211,32 @@ class FusedRMSNorm(FusedModule, ExactRMSNorm):
 
     def fast_forward(self, x):
         return norm_silu(self, to_cl(x), silu=False)
+
+
+class FusedWanDupUp3D(FusedModule):
+    """Wan 2.2's duplicating up-shortcut (``DupUp3D``): ``dup_up_3d`` writes it channels-last-3d,
+    so the block's ``x_main + shortcut`` after it is a dense add. Stateless (no frame cache):
+    a fallback re-runs the stock forward on the same input."""
+
+    def fast_unsupported(self, x, first_chunk=False, *args, **kwargs) -> str | None:
+        if args or kwargs:
+            return "extra arguments"
+        if not isinstance(x, torch.Tensor) or not isinstance(first_chunk, bool):
+            return "input is not a tensor and a first_chunk flag"
+        return dup_up_3d_unsupported(x, self.out_channels, self.factor_t, self.factor_s,
+                                     self.factor_t - 1 if first_chunk else 0)
+
+    _fvd_prewarm_rank = 5
+
+    def prewarm_channels(self):
+        return self.in_channels
+
+    def fast_forward(self, x, first_chunk=False):
+        out = dup_up_3d(x, self.out_channels, self.factor_t, self.factor_s,
+                        self.factor_t - 1 if first_chunk else 0)
+        if out is None:
+            raise RuntimeError("dup_up_3d declined an input its checks accepted")
+        return out
 
 
 class FusedWanAttention(FusedModule):
