@@ -1,6 +1,7 @@
 """Helpers every video family's fused convolutions share (Wan, LTX): the channels-last-3d
 layout, the per-call check that a conv can run on the weights ComfyUI hands over, the conv
-weight in the activations' layout, and summing a conv's partial outputs with its bias.
+weight in the activations' layout (the KL image family's 2-D convs use that one too), and
+summing a conv's partial outputs with its bias.
 """
 from __future__ import annotations
 

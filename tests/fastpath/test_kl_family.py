@@ -411,3 +411,21 @@ def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expe
     q = torch.empty(batch, tokens, 8)
     kl_modules.attend(q, q, q)
     assert chosen == [expected]
+
+
+def test_channels_last_convs_get_channels_last_weights(tiny, monkeypatch):
+    """Every conv the open gate runs on a channels-last input is handed a channels-last weight
+    (kept per weight version), so PyTorch does not convert the weight on each call."""
+    model, _, z, expected, _ = tiny
+    real = torch.nn.functional.conv2d
+    calls = []
+
+    def spy(x, weight, *args, **kwargs):
+        if x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and weight.shape[-1] > 1:
+            calls.append(weight.is_contiguous(memory_format=torch.channels_last))
+        return real(x, weight, *args, **kwargs)
+
+    monkeypatch.setattr(kl_ops.F, "conv2d", spy)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and calls and all(calls)
+    assert _rel_err(out, expected) < REL_TOL

@@ -30,6 +30,7 @@ from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
 from ...fused import FusedModule
 from ...reasons import AUTOGRAD as _AUTOGRAD
+from ...video_ops import conv_weight
 from .settings import settings
 
 CHANNELS_LAST = torch.channels_last
@@ -108,7 +109,10 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
            use_bias: bool = True) -> torch.Tensor:
     """``conv`` applied with its own weights (checked by ``weights_reason``), layout kept."""
     b = bias if bias is not None else (bias_of(conv) if use_bias else None)
-    return F.conv2d(x, weight_of(conv), b, conv.stride, conv.padding, conv.dilation, conv.groups)
+    # A channels-last input gets the weight kept channels-last (once per weight version): with
+    # the contiguous one PyTorch converts the weight on every call (34 copies per SDXL decode).
+    weight = conv_weight(conv, CHANNELS_LAST) if is_channels_last(x) else weight_of(conv)
+    return F.conv2d(x, weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 
 def _plain_conv(conv: torch.nn.Module) -> bool:
