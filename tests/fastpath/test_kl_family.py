@@ -413,10 +413,13 @@ def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expe
     assert chosen == [expected]
 
 
-def test_channels_last_convs_get_channels_last_weights(tiny, monkeypatch):
+@pytest.mark.parametrize("kept", [True, False])
+def test_channels_last_convs_get_channels_last_weights(tiny, monkeypatch, kept):
     """Every conv the open gate runs on a channels-last input is handed a channels-last weight
-    (kept per weight version), so PyTorch does not convert the weight on each call."""
+    (kept per weight version), so PyTorch does not convert the weight on each call; the
+    setting off hands over the module's own (contiguous) weight."""
     model, _, z, expected, _ = tiny
+    monkeypatch.setattr(kl_settings.settings, "channels_last_weights", kept)
     real = torch.nn.functional.conv2d
     calls = []
 
@@ -427,5 +430,5 @@ def test_channels_last_convs_get_channels_last_weights(tiny, monkeypatch):
 
     monkeypatch.setattr(kl_ops.F, "conv2d", spy)
     out, stats = _decode(model, z, is_open=True)
-    assert stats.fallbacks == {} and calls and all(calls)
+    assert stats.fallbacks == {} and calls and all(c is kept for c in calls)
     assert _rel_err(out, expected) < REL_TOL

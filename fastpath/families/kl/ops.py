@@ -111,7 +111,8 @@ def conv2d(conv: torch.nn.Conv2d, x: torch.Tensor, bias: torch.Tensor | None = N
     b = bias if bias is not None else (bias_of(conv) if use_bias else None)
     # A channels-last input gets the weight kept channels-last (once per weight version): with
     # the contiguous one PyTorch converts the weight on every call (34 copies per SDXL decode).
-    weight = conv_weight(conv, CHANNELS_LAST) if is_channels_last(x) else weight_of(conv)
+    weight = (conv_weight(conv, CHANNELS_LAST)
+              if settings.channels_last_weights and is_channels_last(x) else weight_of(conv))
     return F.conv2d(x, weight, b, conv.stride, conv.padding, conv.dilation, conv.groups)
 
 

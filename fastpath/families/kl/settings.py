@@ -53,6 +53,10 @@ class KLSettings:
     # -0.8%, SDXL 2048² -3.7 / -4.3%, SD1.5 768x512 batch 4 -1.4 / -0.9%
     # (docs/benchmark/9716de3/interleave-*.log).
     residual_norm_stats: bool = True
+    # 3x3 conv weights kept channels-last for channels-last inputs (``ops.conv2d``; per weight
+    # version, dropped on unload) instead of PyTorch converting the weight on every call (34
+    # copies per SDXL 1024² decode). Costs one copy of the decoder's 3x3 weights in VRAM.
+    channels_last_weights: bool = True
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
     # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under
