@@ -318,3 +318,13 @@ def test_block_that_differs_is_left_stock():
     assert report.skipped == {"decoder.up_blocks.1.resnets.0": "temporal kernel 1"}
     assert not is_swapped(model.decoder.up_blocks[1].resnets[0])
     assert is_swapped(model.decoder.up_blocks[1].resnets[1])
+
+
+def test_wan22_shortcuts_of_other_factors_warm_up_apart(models):
+    """Shortcuts have no parameters: their warm-up key carries the channels and factors that
+    pick the kernel variant, so each distinct shortcut gets its own warm-up launch."""
+    _, model, _ = models["wan22"]
+    shortcuts = [m for m in model.decoder.modules() if isinstance(m, FusedWanDupUp3D)]
+    configs = {(m.in_channels, m.out_channels, m.factor_t, m.factor_s) for m in shortcuts}
+    assert len(configs) > 1  # the tiny Wan 2.2 has temporal and spatial-only up-blocks
+    assert len({m.prewarm_key() for m in shortcuts}) == len(configs)

@@ -231,6 +231,10 @@ class FusedWanDupUp3D(FusedModule):
     def prewarm_channels(self):
         return self.in_channels
 
+    def prewarm_key(self):
+        # No parameters to tell shortcuts apart: the kernel variant follows these (constexprs).
+        return type(self), self.in_channels, self.out_channels, self.factor_t, self.factor_s
+
     def fast_forward(self, x, first_chunk=False):
         out = dup_up_3d(x, self.out_channels, self.factor_t, self.factor_s,
                         self.factor_t - 1 if first_chunk else 0)
