@@ -355,6 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="as bench's")
     prof.add_argument("--triton-launch", choices=TRITON_LAUNCH, default=None, help="as bench's")
     prof.add_argument("--top", type=_count(1), default=15, help="kernels listed (default %(default)s)")
+    prof.add_argument("--host-top", type=_count(0), default=0, metavar="N",
+                      help="also run one decode under cProfile and list the N functions the "
+                           "host spent most time in (default %(default)s: not run)")
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", dest="json_path", default=None,
                       help="write each case's summary here")
@@ -665,12 +668,20 @@ def _profile(args) -> int:
                 walls = [timed_call(decode, subject.device)[0] for _ in range(args.decodes)]
                 profiled, trace, (_, info) = gpu_profile.profile_decode(decode, subject.device)
                 path = info.get("text", "")
+                host = None
+                if args.host_top:
+                    from . import host_profile
+
+                    stats, _ = host_profile.profile_host(decode)
+                    host = host_profile.host_markdown(stats, args.host_top)
             finally:
                 release(subject)
             summary = gpu_profile.analyse_trace(trace, top=args.top)
             print(gpu_profile.summary_markdown(f"{case.name} ({path or args.quality})", walls,
                                                profiled, summary))
             print()
+            if host:
+                print(host)
             summaries[case.name] = {"wall_ms": walls, "profiled_wall_ms": profiled,
                                     "path": path, **dataclasses.asdict(summary)}
     if args.json_path:
