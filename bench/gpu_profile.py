@@ -28,6 +28,7 @@ import torch
 
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+CPU_CATEGORIES = frozenset({"cpu_op"})
 TENTHS = 10
 
 # Kernel kinds by name, first match wins (lower-case substrings). cuDNN's and cuBLAS's kernels
@@ -69,6 +70,12 @@ class TraceSummary:
     kinds: dict[str, tuple[float, int]]  # kind -> (ms, ops)
     top: list[tuple[str, float, int]]  # (kernel, ms, launches), largest first
     largest_gaps: list[Gap] = field(default_factory=list)
+    # Host calls by name, (name, calls, ms, calls early, ms early), most time first: CUDA
+    # runtime/driver calls (a cudaMalloc or a synchronize shows here) and torch's CPU ops
+    # (inclusive: a conv2d's ms holds its cudnn_convolution's). "Early": begun before the first
+    # tenth of the GPU span ended, where a decode's host-late idle sits.
+    runtime_calls: list[tuple[str, int, float, int, float]] = field(default_factory=list)
+    cpu_ops: list[tuple[str, int, float, int, float]] = field(default_factory=list)
 
     @property
     def idle_ms(self) -> float:
@@ -114,12 +121,33 @@ def analyse_trace(trace: dict, top: int = 12, gaps: int = 8) -> TraceSummary:
         tenths[i] = v / 1e3
     late = sum(g.length_us for g in found if g.late)
     queued = sum(g.length_us for g in found if not g.late)
+    early_end = first + span / TENTHS
+    host = {cat: _host_calls((e for e in events if e.get("ph") == "X" and e.get("cat") in cats),
+                             early_end, top)
+            for cat, cats in (("runtime", LAUNCH_CATEGORIES), ("cpu", CPU_CATEGORIES))}
     return TraceSummary(
         span_ms=span / 1e3, busy_ms=busy / 1e3, host_late_ms=late / 1e3, queued_ms=queued / 1e3,
         gap_count=len(found), idle_by_tenth_ms=tenths,
         kinds={k: (v / 1e3, kind_ops[k]) for k, v in by_kind.most_common()},
         top=[(n, v / 1e3, per_kernel_n[n]) for n, v in per_kernel.most_common(top)],
-        largest_gaps=sorted(found, key=lambda g: -g.length_us)[:gaps])
+        largest_gaps=sorted(found, key=lambda g: -g.length_us)[:gaps],
+        runtime_calls=host["runtime"], cpu_ops=host["cpu"])
+
+
+def _host_calls(events, early_end: float, top: int) -> list[tuple[str, int, float, int, float]]:
+    calls: Counter = Counter()
+    us: Counter = Counter()
+    early_calls: Counter = Counter()
+    early_us: Counter = Counter()
+    for e in events:
+        name = e.get("name", "?")
+        calls[name] += 1
+        us[name] += e.get("dur", 0)
+        if e["ts"] < early_end:
+            early_calls[name] += 1
+            early_us[name] += e.get("dur", 0)
+    return [(n, calls[n], v / 1e3, early_calls[n], early_us[n] / 1e3)
+            for n, v in us.most_common(top)]
 
 
 def summary_markdown(case: str, wall_ms: list[float], profiled_wall_ms: float,
@@ -147,6 +175,11 @@ def summary_markdown(case: str, wall_ms: list[float], profiled_wall_ms: float,
     lines += ["", "| largest gaps, ms | class | before |", "| --- | --- | --- |"]
     lines += [f"| {g.length_us / 1e3:.3f} | {'host-late' if g.late else 'queued'} | "
               f"`{g.before[:70]}` |" for g in s.largest_gaps]
+    for title, rows in (("host CUDA calls", s.runtime_calls), ("host CPU ops (inclusive)", s.cpu_ops)):
+        lines += ["", f"| {title} | calls | ms | calls in first tenth | ms in first tenth |",
+                  "| --- | --- | --- | --- | --- |"]
+        lines += [f"| `{name[:70]}` | {n} | {ms:.2f} | {n_early} | {ms_early:.2f} |"
+                  for name, n, ms, n_early, ms_early in rows]
     return "\n".join(lines)
 
 

@@ -92,3 +92,20 @@ def test_profile_without_a_gpu_says_so_in_one_line(monkeypatch, capsys):
     code = main(["profile", "--no-comfyui", "--cases", "tiny-sdxl"])
     err = capsys.readouterr().err
     assert code == 2 and len(err.strip().splitlines()) == 1 and "needs a CUDA GPU" in err
+
+
+def test_host_calls_are_summed_by_name_and_split_at_the_first_tenth():
+    trace = _trace()
+    # A cudaMalloc late in the decode (after the first tenth, which ends at ts 10).
+    trace["traceEvents"].append({"ph": "X", "cat": "cuda_runtime", "name": "cudaMalloc",
+                                 "ts": 50, "dur": 40, "args": {}})
+    s = gpu_profile.analyse_trace(trace)
+    runtime = {name: rest for name, *rest in s.runtime_calls}
+    assert runtime["cudaMalloc"] == [1, pytest.approx(0.040), 0, 0.0]
+    # four launches (the synthetic driver call carries the same name): those at ts 0, 1 and 2
+    # begin in the first tenth, the one at 15 does not
+    assert runtime["cudaLaunchKernel"] == [4, pytest.approx(0.004), 3, pytest.approx(0.003)]
+    assert s.runtime_calls[0][0] == "cudaMalloc"  # most time first
+    assert s.cpu_ops == [("aten::conv2d", 1, pytest.approx(0.003), 1, pytest.approx(0.003))]
+    text = gpu_profile.summary_markdown("tiny (high)", [1.0], 2.0, s)
+    assert "| `cudaMalloc` | 1 | 0.04 | 0 | 0.00 |" in text and "host CPU ops" in text
