@@ -36,6 +36,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .softmax_rows import softmax_rows
+
 
 class FoldedAttention(NamedTuple):
     """Folded ``AttnBlock`` weights, in ``F.linear`` layout ([out, in]) over row tokens.
@@ -161,6 +163,7 @@ def attention_chunked(
     *,
     budget_bytes: int = 1 << 30,
     fp32_scores: bool = False,
+    row_softmax: bool = True,
 ) -> torch.Tensor:
     """``softmax(q k^T) v`` over tokens (N, L, d), by chunks of query rows.
 
@@ -175,6 +178,10 @@ def attention_chunked(
     input dtype before the softmax (bf16: ~2^-9 relative, i.e. an absolute logit error that
     grows with the logit size). ``fp32_scores=True`` keeps scores and softmax in fp32 and
     rounds only the probabilities, at 2.5x the score memory (``attention_chunk_size``).
+
+    ``row_softmax``: the softmax is ``softmax_rows`` (Triton; in place on half scores, so one
+    score-sized tensor per chunk less than the budget allows for) where it takes the scores,
+    torch's otherwise; the same fp32 math up to rounding.
     """
     if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
         raise ValueError("attention_chunked takes (N, L, d) tokens")
@@ -187,7 +194,14 @@ def attention_chunked(
     out = torch.empty(n, lq, v.shape[2], dtype=v.dtype, device=v.device)
     for start in range(0, lq, chunk):
         stop = min(start + chunk, lq)
-        probs = torch.softmax(_scores(q[:, start:stop], kt, fp32), dim=-1)
+        scores = _scores(q[:, start:stop], kt, fp32)
+        probs = None
+        if row_softmax:
+            target = scores if scores.dtype == v.dtype else torch.empty(
+                scores.shape, dtype=v.dtype, device=scores.device)
+            probs = softmax_rows(scores, out=target)
+        if probs is None:
+            probs = torch.softmax(scores, dim=-1)
         out[:, start:stop] = torch.matmul(probs.to(v.dtype), v)
     return out
 

@@ -114,6 +114,7 @@ def test_high_is_close_to_lossless_and_keeps_the_output_layout(tiny):
     ("attention", "sdpa"),  # SDPA instead of chunked matmul + softmax
     ("attention", "chunked"),
     ("attention_fp32_scores", True),
+    ("row_softmax", False),  # torch's softmax in the chunked attention
 ])
 def test_every_setting_stays_close(tiny, monkeypatch, setting, value):
     model, _, z, expected, _ = tiny
@@ -405,7 +406,7 @@ def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expe
     chosen = []
     monkeypatch.setattr(kl_modules, "attention_sdpa", lambda q, k, v: chosen.append("sdpa"))
     monkeypatch.setattr(kl_modules, "attention_chunked",
-                        lambda q, k, v, fp32_scores: chosen.append("chunked"))
+                        lambda q, k, v, **options: chosen.append("chunked"))
     monkeypatch.setattr(kl_settings.settings, "attention", "auto")
     monkeypatch.setattr(kl_settings.settings, "chunked_min_tokens", 8192)
     q = torch.empty(batch, tokens, 8)

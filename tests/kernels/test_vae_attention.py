@@ -182,3 +182,29 @@ def test_tokens_are_free_views_of_channels_last():
     assert torch.equal(back, x)
     # Token order is row-major over (H, W), the order the stock block flattens in.
     assert torch.equal(t[1, 2 * W + 3], x[1, :, 2, 3])
+
+
+@pytest.mark.parametrize("fp32_scores", [False, True])
+def test_chunked_softmax_is_the_row_kernel_in_place_where_it_runs(monkeypatch, fp32_scores):
+    """The chunked attention hands each score chunk to ``softmax_rows`` (in place on half
+    scores, into a new half tensor from fp32 ones); where it declines, torch's softmax runs;
+    ``row_softmax=False`` never asks it. Each way the result is the attention."""
+    from fast_vae_decode.kernels import vae_attention
+
+    qb, kb, vb = _tokens(7, torch.bfloat16)
+    exact = _plain_attention(qb.double(), kb.double(), vb.double())
+    real = vae_attention.softmax_rows
+    for decline in (False, True):
+        asked = []
+
+        def spy(scores, out=None, asked=asked, decline=decline):
+            asked.append(out is scores)
+            return None if decline else real(scores, out=out)
+
+        monkeypatch.setattr(vae_attention, "softmax_rows", spy)
+        got = attention_chunked(qb, kb, vb, 10, fp32_scores=fp32_scores)
+        torch.testing.assert_close(got.double(), exact, rtol=0, atol=0.05)  # as test_bf16_chunked_close
+        assert len(asked) == 7 and all(a == (not fp32_scores) for a in asked)  # 63 rows, chunks of 10
+        asked.clear()
+        attention_chunked(qb, kb, vb, 10, fp32_scores=fp32_scores, row_softmax=False)
+        assert asked == []

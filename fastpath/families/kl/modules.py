@@ -141,7 +141,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         mode = "chunked" if q.shape[0] * q.shape[1] >= settings.chunked_min_tokens else "sdpa"
     if mode == "sdpa":
         return attention_sdpa(q, k, v)
-    return attention_chunked(q, k, v, fp32_scores=settings.attention_fp32_scores)
+    return attention_chunked(q, k, v, fp32_scores=settings.attention_fp32_scores,
+                             row_softmax=settings.row_softmax)
 
 
 class _FusedAttention(FusedModule, StockLayoutGuard):
