@@ -215,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a KL fast-path setting (fastpath/families/kl/settings.py) "
                             "for this run, e.g. attention=sdpa or comfy_output_fp32=false "
                             f"(repeatable); names: {', '.join(_kl_setting_names())}")
+    bench.add_argument("--wan-setting", action="append", default=[], metavar="NAME=VALUE",
+                       help="override a Wan fast-path setting (fastpath/families/wan/settings.py)"
+                            f" for this run (repeatable); names: "
+                            f"{', '.join(_setting_fields('wan'))}")
     bench.add_argument("--triton-launch", choices=TRITON_LAUNCH, default=None,
                        help=TRITON_LAUNCH_HELP)
     bench.add_argument("--pixel-finish", choices=("pack", "comfyui"), default="pack",
@@ -317,8 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
                            "process, the variants taking turns decode by decode",
         description="Decodes each case at quality high once per round under every --variant, "
                     "in a shuffled order, and prints each variant's median against the first. "
-                    "A variant sets --host-copies, --kl-setting and --triton-launch as bench "
-                    "takes them, from the switches as this process has them (ComfyUI flags "
+                    "A variant sets --host-copies, --kl-setting, --wan-setting and "
+                    "--triton-launch as bench takes them, from the switches as this process has them (ComfyUI flags "
                     "need 'modes').")
     inter.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                        help="repeatable, at least two, the first the baseline; e.g. "
@@ -350,6 +354,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="timed decodes without the profiler, for the wall time "
                            "(default %(default)s)")
     prof.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE",
+                      help="as bench's")
+    prof.add_argument("--wan-setting", action="append", default=[], metavar="NAME=VALUE",
                       help="as bench's")
     prof.add_argument("--host-copies", choices=sorted(HOST_COPIES), default=None,
                       help="as bench's")
@@ -487,19 +493,31 @@ def _demo(args) -> int:
     return 0
 
 
+# The families whose fast path has run-time settings (``--kl-setting``, ``--wan-setting``).
+SETTING_MODULES = {"kl": "fastpath.families.kl.settings", "wan": "fastpath.families.wan.settings"}
+
+
+def _settings_module(family: str):
+    import importlib
+
+    return importlib.import_module(f"{__package__.rsplit('.', 1)[0]}.{SETTING_MODULES[family]}")
+
+
+def _setting_fields(family: str) -> dict[str, object]:
+    module = _settings_module(family)
+    return {f.name: f.type for f in dataclasses.fields(type(module.settings))}
+
+
 def _kl_setting_names() -> list[str]:
-    from ..fastpath.families.kl.settings import KLSettings
-
-    return [f.name for f in dataclasses.fields(KLSettings)]
+    return list(_setting_fields("kl"))
 
 
-def _kl_setting_values(name: str) -> dict[str, object] | None:
-    """The values ``--kl-setting NAME=`` takes, by their spelling; None for any integer."""
-    from ..fastpath.families.kl.settings import CHOICES, KLSettings
-
-    if name in CHOICES:
-        return {choice: choice for choice in CHOICES[name]}
-    annotation = str({f.name: f.type for f in dataclasses.fields(KLSettings)}[name])
+def _setting_values(family: str, name: str) -> dict[str, object] | None:
+    """The values ``--FAMILY-setting NAME=`` takes, by their spelling; None for any integer."""
+    choices = _settings_module(family).CHOICES
+    if name in choices:
+        return {choice: choice for choice in choices[name]}
+    annotation = str(_setting_fields(family)[name])
     if "bool" in annotation:
         values: dict[str, object] = {"true": True, "false": False}
         if "None" in annotation:
@@ -507,40 +525,45 @@ def _kl_setting_values(name: str) -> dict[str, object] | None:
         return values
     if annotation == "int":
         return None
-    raise TypeError(f"KLSettings.{name}: no choices declared for {annotation}")
+    raise TypeError(f"{family} setting {name}: no choices declared for {annotation}")
 
 
-def _apply_kl_setting(item: str) -> None:
-    """Set one KL fast-path setting from NAME=VALUE; UsageError for an unknown name or value."""
-    from ..fastpath.families.kl.settings import settings
-
-    names = _kl_setting_names()
+def _apply_setting(family: str, item: str) -> None:
+    """Set one fast-path setting of ``family`` from NAME=VALUE; UsageError for an unknown name
+    or value."""
+    flag = f"--{family}-setting"
+    names = list(_setting_fields(family))
     name, sep, text = item.partition("=")
     name = name.strip()
     if not sep or name not in names:
-        raise UsageError(f"--kl-setting expects NAME=VALUE with NAME one of {', '.join(names)}; "
+        raise UsageError(f"{flag} expects NAME=VALUE with NAME one of {', '.join(names)}; "
                          f"got {item!r}")
-    values = _kl_setting_values(name)
+    values = _setting_values(family, name)
     text = text.strip()
     if values is None:
         try:
             value = int(text)
         except ValueError:
-            raise UsageError(f"--kl-setting {name} expects an integer; got {text!r}") from None
+            raise UsageError(f"{flag} {name} expects an integer; got {text!r}") from None
     elif text.lower() in values:
         value = values[text.lower()]
     else:
-        raise UsageError(f"--kl-setting {name} expects one of {', '.join(values)}; "
-                         f"got {text!r}")
-    setattr(settings, name, value)
+        raise UsageError(f"{flag} {name} expects one of {', '.join(values)}; got {text!r}")
+    setattr(_settings_module(family).settings, name, value)
+
+
+def _apply_kl_setting(item: str) -> None:
+    _apply_setting("kl", item)
 
 
 def _apply_switches(host_copies: str | None, kl_settings: list[str],
-                    triton_launch: str | None = None) -> None:
-    """Set the pack's run-time switches as ``--host-copies``, ``--kl-setting`` and
-    ``--triton-launch`` say."""
+                    triton_launch: str | None = None, wan_settings: list[str] = ()) -> None:
+    """Set the pack's run-time switches as ``--host-copies``, ``--kl-setting``,
+    ``--wan-setting`` and ``--triton-launch`` say."""
     for item in kl_settings:
-        _apply_kl_setting(item)
+        _apply_setting("kl", item)
+    for item in wan_settings:
+        _apply_setting("wan", item)
     if triton_launch is not None:
         from ..kernels.direct_launch import launch_settings
 
@@ -572,21 +595,21 @@ def _interleave(args) -> int:
         except argparse.ArgumentError as exc:
             raise UsageError(f"--variant {v.name}: {exc}") from None
         if extra:
-            raise UsageError(f"--variant {v.name}: only --host-copies, --kl-setting and "
-                             f"--triton-launch can "
+            raise UsageError(f"--variant {v.name}: only --host-copies, --kl-setting, "
+                             f"--wan-setting and --triton-launch can "
                              f"change within a process; got {' '.join(extra)}")
         chosen[v.name] = opts
     comfyui, device, dtype = _backend(args)
     cases = _cases(args, device)
     switches = interleave.Switches()
     for opts in chosen.values():  # every value checked before any model is built
-        _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch)
+        _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch, opts.wan_setting)
         switches.restore()
 
     def apply(opts) -> Callable[[], None]:
         def set_variant() -> None:
             switches.restore()
-            _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch)
+            _apply_switches(opts.host_copies, opts.kl_setting, opts.triton_launch, opts.wan_setting)
         return set_variant
 
     applies = {name: apply(opts) for name, opts in chosen.items()}
@@ -649,7 +672,7 @@ def _profile(args) -> int:
     _writable_place(args.json_path, "--json")
     cases = _cases(args, device)
     # every value checked before any model is built
-    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)
+    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch, args.wan_setting)
     nodes = None
     if comfyui is not None:
         from .comfyui import comfyui_path, setup_comfyui
@@ -771,7 +794,7 @@ def _bench(args) -> int:
         raise UsageError("--report needs --json (the report is made from the saved results)")
     for flag, path in (("--json", args.json_path), ("--crops-npz", args.crops_npz)):
         _writable_place(path, flag)
-    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch)
+    _apply_switches(args.host_copies, args.kl_setting, args.triton_launch, args.wan_setting)
     if args.pixel_finish == "comfyui":
         from ..fastpath.pixels.decode import pixel_settings
 

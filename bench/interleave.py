@@ -52,6 +52,7 @@ def options_parser(host_copies: tuple[str, ...],
     parser = argparse.ArgumentParser(prog="--variant", add_help=False, exit_on_error=False)
     parser.add_argument("--host-copies", choices=host_copies, default=None)
     parser.add_argument("--kl-setting", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("--wan-setting", action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--triton-launch", choices=triton_launch, default=None)
     return parser
 
@@ -61,11 +62,12 @@ class Switches:
 
     def __init__(self):
         from ..fastpath.families.kl.settings import settings
+        from ..fastpath.families.wan.settings import settings as wan_settings
         from ..fastpath.pixels.decode import pixel_settings
         from ..fastpath.pixels.finish import host_copy
         from ..kernels.direct_launch import launch_settings
 
-        self.objects = (settings, pixel_settings, host_copy, launch_settings)
+        self.objects = (settings, wan_settings, pixel_settings, host_copy, launch_settings)
         self.saved = [dataclasses.replace(o) for o in self.objects]
 
     def restore(self) -> None:

@@ -164,11 +164,12 @@ def attention_chunked(
     budget_bytes: int = 1 << 30,
     fp32_scores: bool = False,
     row_softmax: bool = True,
+    scale: float = 1.0,
 ) -> torch.Tensor:
     """``softmax(q k^T) v`` over tokens (N, L, d), by chunks of query rows.
 
-    The softmax scale is assumed folded into ``q`` already (``fold_attention_weights`` does
-    that), so none is applied here. ``chunk`` query rows are processed at a time, so the score
+    The softmax scale is ``scale`` (default 1: folded into ``q`` already, as
+    ``fold_attention_weights`` does), applied to the scores in the softmax's fp32 math. ``chunk`` query rows are processed at a time, so the score
     matrix held at once is ``N * chunk * Lk`` elements; by default ``chunk`` is the largest that
     keeps it within ``budget_bytes`` (``attention_chunk_size``). At 2048^2 output the mid-block
     has 65 536 tokens: a full bf16 score matrix would be 8 GiB.
@@ -199,9 +200,9 @@ def attention_chunked(
         if row_softmax:
             target = scores if scores.dtype == v.dtype else torch.empty(
                 scores.shape, dtype=v.dtype, device=scores.device)
-            probs = softmax_rows(scores, out=target)
+            probs = softmax_rows(scores, out=target, scale=scale)
         if probs is None:
-            probs = torch.softmax(scores, dim=-1)
+            probs = torch.softmax(scores if scale == 1.0 else scores.float() * scale, dim=-1)
         out[:, start:stop] = torch.matmul(probs.to(v.dtype), v)
     return out
 

@@ -253,6 +253,19 @@ def test_kl_setting_rejects_an_unknown_name_or_value(item, expected, capsys):
     assert settings == KLSettings()  # nothing was changed
 
 
+@pytest.mark.parametrize("item, expected", [
+    ("attention=flash", "--wan-setting attention expects one of chunked, sdpa"),
+    ("attention_budget_bytes=lots", "--wan-setting attention_budget_bytes expects an integer"),
+    ("upsample=stock", "--wan-setting expects NAME=VALUE with NAME one of attention,"),  # KL's
+])
+def test_wan_setting_rejects_an_unknown_name_or_value(item, expected, capsys):
+    from fast_vae_decode.fastpath.families.wan.settings import WanSettings, settings
+
+    err = _one_line_error(capsys, ["bench", "--wan-setting", item, *QUICK])
+    assert expected in err
+    assert settings == WanSettings()  # nothing was changed
+
+
 def test_kl_setting_takes_the_declared_values(monkeypatch):
     from fast_vae_decode.bench.cli import _apply_kl_setting
     from fast_vae_decode.fastpath.families.kl.settings import settings

@@ -80,7 +80,7 @@ def test_switches_go_back_to_what_the_process_had(monkeypatch):
     pixel_settings.cast_latent_on_device = not pixel_settings.cast_latent_on_device
     switches.restore()
     assert kl_settings.norm_input_bias is True and host_copy.parts == 4
-    assert switches.saved[1].cast_latent_on_device == pixel_settings.cast_latent_on_device
+    assert switches.saved[2].cast_latent_on_device == pixel_settings.cast_latent_on_device
 
 
 def test_triton_launch_is_a_switch_that_goes_back(monkeypatch):
@@ -93,6 +93,18 @@ def test_triton_launch_is_a_switch_that_goes_back(monkeypatch):
     assert launch_settings.direct is False
     switches.restore()
     assert launch_settings.direct is True
+
+
+def test_wan_settings_are_switches_that_go_back(monkeypatch):
+    from fast_vae_decode.bench.cli import _apply_switches
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    monkeypatch.setattr(wan_settings, "attention", "chunked")
+    switches = interleave.Switches()
+    _apply_switches(None, [], None, ["attention=sdpa", "attention_budget_bytes=4096"])
+    assert (wan_settings.attention, wan_settings.attention_budget_bytes) == ("sdpa", 4096)
+    switches.restore()
+    assert wan_settings.attention == "chunked"
 
 
 def test_summary_compares_each_variant_with_the_first():
@@ -127,7 +139,7 @@ def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_pat
 
 
 @pytest.mark.parametrize("variant,message", [
-    ("b=--pixel-finish comfyui", "only --host-copies, --kl-setting and --triton-launch"),  # not a run-time switch
+    ("b=--pixel-finish comfyui", "only --host-copies, --kl-setting, --wan-setting and --triton-launch"),  # not a run-time switch
     ("b=--host-copies nope", "invalid choice"),
     ("b=--kl-setting no_such=1", "NAME one of"),  # checked before any model is built
 ])

@@ -328,3 +328,25 @@ def test_wan22_shortcuts_of_other_factors_warm_up_apart(models):
     configs = {(m.in_channels, m.out_channels, m.factor_t, m.factor_s) for m in shortcuts}
     assert len(configs) > 1  # the tiny Wan 2.2 has temporal and spatial-only up-blocks
     assert len({m.prewarm_key() for m in shortcuts}) == len(configs)
+
+
+@pytest.mark.parametrize("mode", ["chunked", "sdpa"])
+@pytest.mark.parametrize("kind,shape", [CASES[0], CASES[4]], ids=[IDS[0], IDS[4]])
+def test_attention_modes_stay_close_to_lossless(models, kind, shape, mode, monkeypatch):
+    """The mid-block attention by chunks (GEMMs + the in-place row softmax, scale 1/sqrt(c) in
+    the softmax) or by torch SDPA: either way as close to stock as the default test holds it;
+    "chunked" (the default) really goes through ``attention_chunked``."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    calls = []
+    real = wan_modules.attention_chunked
+    monkeypatch.setattr(wan_modules, "attention_chunked",
+                        lambda *a, **k: (calls.append(k["scale"]), real(*a, **k))[1])
+    monkeypatch.setattr(wan_settings, "attention", mode)
+    got, expected, stats = _high_and_stock(models, kind, shape)
+    assert stats.fallbacks == {} and stats.fused_calls > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # as test_high_close_to_lossless
+    channels = {m.norm.gamma.shape[0] for m in models[kind][1].modules()
+                if isinstance(m, FusedWanAttention)}
+    assert (calls != []) == (mode == "chunked")
+    assert set(calls) <= {c ** -0.5 for c in channels}

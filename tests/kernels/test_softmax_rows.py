@@ -60,11 +60,11 @@ def test_long_rows_take_the_two_pass_kernel(monkeypatch):
     torch.testing.assert_close(softmax_rows(s), expected, atol=1e-6, rtol=1e-5)
 
 
-def test_one_pass_rows_up_to_the_limit():
-    block, one_pass, warps = softmax_rows_config(sr.ONE_PASS_MAX)
-    assert (block, one_pass, warps) == (sr.ONE_PASS_MAX, True, 32)
-    assert softmax_rows_config(16384) == (16384, True, 8)
-    assert softmax_rows_config(6144) == (8192, True, 4)
+def test_tiling_follows_the_row_length():
+    # The H200 choices (softmax_rows.py's note): one pass up to 16384 keys, two beyond.
+    assert softmax_rows_config(6144) == (8192, True, 8)  # SD1.5 768x512, Wan 2.1 480p frames
+    assert softmax_rows_config(16384) == (16384, True, 4)  # SDXL / Flux 1024², Qwen-Image
+    assert softmax_rows_config(65536) == (sr.TWO_PASS_BLOCK, False, sr.TWO_PASS_WARPS)  # 2048²
 
 
 @pytest.mark.parametrize("make, needle", [
@@ -85,3 +85,12 @@ def test_softmax_rows_declines_a_mismatched_out_and_writes_nothing():
         assert softmax_rows_unsupported(s, out) is not None
         assert softmax_rows(s, out=out) is None
     assert torch.equal(s, kept)
+
+
+def test_scale_is_applied_to_the_scores_in_fp32():
+    # An attention's 1/sqrt(d) taken in the kernel: softmax(scale * s), not softmax(s) * scale.
+    s = _scores((3, 50), torch.bfloat16)
+    expected = softmax_rows_reference(s, scale=0.125)
+    torch.testing.assert_close(softmax_rows(s, scale=0.125).float(), expected.float(),
+                               atol=4e-3, rtol=4e-3)
+    assert "scale" in softmax_rows_unsupported(s, scale=0.0)

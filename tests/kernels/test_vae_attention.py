@@ -197,9 +197,9 @@ def test_chunked_softmax_is_the_row_kernel_in_place_where_it_runs(monkeypatch, f
     for decline in (False, True):
         asked = []
 
-        def spy(scores, out=None, asked=asked, decline=decline):
+        def spy(scores, out=None, scale=1.0, asked=asked, decline=decline):
             asked.append(out is scores)
-            return None if decline else real(scores, out=out)
+            return None if decline else real(scores, out=out, scale=scale)
 
         monkeypatch.setattr(vae_attention, "softmax_rows", spy)
         got = attention_chunked(qb, kb, vb, 10, fp32_scores=fp32_scores)

@@ -26,6 +26,7 @@ from ....kernels.bias_residual_add import sum_biases
 from ....kernels.dup_up_3d import dup_up_3d, dup_up_3d_unsupported
 from ....kernels.rms_norm_silu import RMS_NORM_SILU
 from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_conv_folded
+from ....kernels.vae_attention import attention_chunked
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN
 from ...comfyui.weights import bias_of, is_stable, weight_of, weights_for_call
@@ -44,6 +45,7 @@ from .ops import (
     norm_silu,
     pads,
 )
+from .settings import settings
 
 
 def _extra_reason(module, args, kwargs) -> str | None:
@@ -279,7 +281,12 @@ class FusedWanAttention(FusedModule):
         qkv = F.conv2d(y, conv_weight(self.to_qkv, torch.channels_last), bias_of(self.to_qkv))
         qkv = qkv.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
         q, k, v = qkv.split(c, dim=-1)
-        o = F.scaled_dot_product_attention(q, k, v)  # scale 1/sqrt(c): the stock attention's
+        if settings.attention == "sdpa":
+            o = F.scaled_dot_product_attention(q, k, v)  # scale 1/sqrt(c): the stock attention's
+        else:
+            # Strided (L, c) views of qkv go to the GEMMs as they are (row stride 3c).
+            o = attention_chunked(q.squeeze(1), k.squeeze(1), v.squeeze(1), scale=c ** -0.5,
+                                  budget_bytes=settings.attention_budget_bytes)
         o = o.reshape(b * t, h, w, c).permute(0, 3, 1, 2)  # channels-last view
         o = F.conv2d(o, conv_weight(self.proj, torch.channels_last), bias_of(self.proj))
         o = to_cl(o).reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
