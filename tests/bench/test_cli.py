@@ -254,7 +254,7 @@ def test_kl_setting_rejects_an_unknown_name_or_value(item, expected, capsys):
 
 
 @pytest.mark.parametrize("item, expected", [
-    ("attention=flash", "--wan-setting attention expects one of chunked, sdpa"),
+    ("attention=flash", "--wan-setting attention expects one of auto, chunked, sdpa"),
     ("attention_budget_bytes=lots", "--wan-setting attention_budget_bytes expects an integer"),
     ("upsample=stock", "--wan-setting expects NAME=VALUE with NAME one of attention,"),  # KL's
 ])

@@ -99,12 +99,12 @@ def test_wan_settings_are_switches_that_go_back(monkeypatch):
     from fast_vae_decode.bench.cli import _apply_switches
     from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
 
-    monkeypatch.setattr(wan_settings, "attention", "chunked")
+    monkeypatch.setattr(wan_settings, "attention", "auto")
     switches = interleave.Switches()
     _apply_switches(None, [], None, ["attention=sdpa", "attention_budget_bytes=4096"])
     assert (wan_settings.attention, wan_settings.attention_budget_bytes) == ("sdpa", 4096)
     switches.restore()
-    assert wan_settings.attention == "chunked"
+    assert wan_settings.attention == "auto"
 
 
 def test_summary_compares_each_variant_with_the_first():

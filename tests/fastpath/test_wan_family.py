@@ -330,12 +330,19 @@ def test_wan22_shortcuts_of_other_factors_warm_up_apart(models):
     assert len({m.prewarm_key() for m in shortcuts}) == len(configs)
 
 
-@pytest.mark.parametrize("mode", ["chunked", "sdpa"])
+@pytest.mark.parametrize("mode, max_tokens, chunked", [
+    ("chunked", 8192, True),
+    ("sdpa", 8192, False),
+    ("auto", 8192, True),  # the tiny frames are below the threshold
+    ("auto", 1, False),  # ... and above this one: Qwen-Image's 1024² frames go to SDPA
+])
 @pytest.mark.parametrize("kind,shape", [CASES[0], CASES[4]], ids=[IDS[0], IDS[4]])
-def test_attention_modes_stay_close_to_lossless(models, kind, shape, mode, monkeypatch):
+def test_attention_modes_stay_close_to_lossless(models, kind, shape, mode, max_tokens, chunked,
+                                                monkeypatch):
     """The mid-block attention by chunks (GEMMs + the in-place row softmax, scale 1/sqrt(c) in
-    the softmax) or by torch SDPA: either way as close to stock as the default test holds it;
-    "chunked" (the default) really goes through ``attention_chunked``."""
+    the softmax) or by torch SDPA, or "auto" (the default) choosing by the frame's tokens:
+    each as close to stock as the default test holds it, and chunks really go through
+    ``attention_chunked``."""
     from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
 
     calls = []
@@ -343,10 +350,11 @@ def test_attention_modes_stay_close_to_lossless(models, kind, shape, mode, monke
     monkeypatch.setattr(wan_modules, "attention_chunked",
                         lambda *a, **k: (calls.append(k["scale"]), real(*a, **k))[1])
     monkeypatch.setattr(wan_settings, "attention", mode)
+    monkeypatch.setattr(wan_settings, "chunked_max_tokens", max_tokens)
     got, expected, stats = _high_and_stock(models, kind, shape)
     assert stats.fallbacks == {} and stats.fused_calls > 0
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # as test_high_close_to_lossless
     channels = {m.norm.gamma.shape[0] for m in models[kind][1].modules()
                 if isinstance(m, FusedWanAttention)}
-    assert (calls != []) == (mode == "chunked")
+    assert (calls != []) == chunked
     assert set(calls) <= {c ** -0.5 for c in channels}

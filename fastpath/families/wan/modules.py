@@ -281,7 +281,10 @@ class FusedWanAttention(FusedModule):
         qkv = F.conv2d(y, conv_weight(self.to_qkv, torch.channels_last), bias_of(self.to_qkv))
         qkv = qkv.permute(0, 2, 3, 1).reshape(b * t, 1, h * w, 3 * c)
         q, k, v = qkv.split(c, dim=-1)
-        if settings.attention == "sdpa":
+        mode = settings.attention
+        if mode == "auto":
+            mode = "chunked" if h * w < settings.chunked_max_tokens else "sdpa"
+        if mode == "sdpa":
             o = F.scaled_dot_product_attention(q, k, v)  # scale 1/sqrt(c): the stock attention's
         else:
             # Strided (L, c) views of qkv go to the GEMMs as they are (row stride 3c).

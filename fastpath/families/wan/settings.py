@@ -12,9 +12,14 @@ from dataclasses import dataclass
 @dataclass
 class WanSettings:
     # The mid-block's per-frame attention: "chunked" (cuBLAS score and value GEMMs by chunks of
-    # query rows, the in-place ``softmax_rows`` between them) or "sdpa" (torch SDPA: its
-    # memory-efficient kernel, as stock, at head dims past the flash kernel's 256).
-    attention: str = "chunked"
+    # query rows, the in-place ``softmax_rows`` between them), "sdpa" (torch SDPA: its
+    # memory-efficient kernel, as stock, at head dims past the flash kernel's 256) or "auto"
+    # (chunked for frames of fewer than ``chunked_max_tokens`` latent pixels). Interleaved on
+    # the H200 at 18a0697, 10 rounds, SDPA against chunked, 0.33 / 0.8: Wan 2.1 480p (6240
+    # tokens) +1.1 / +1.5%, Wan 2.2 704p (3520) +0.3 / +0.3%, Qwen-Image 1024² (16384)
+    # -5.9 / 0.0% (docs/benchmark/18a0697).
+    attention: str = "auto"
+    chunked_max_tokens: int = 8192
     # Score bytes one chunk may hold (``attention_chunk_size``): a 1024² Qwen-Image frame has
     # 16384 tokens, 1 GiB of bf16 scores and probabilities at once; a quarter keeps the
     # mid-block's transient memory well below the full-resolution stages' peak.
@@ -23,5 +28,5 @@ class WanSettings:
 
 settings = WanSettings()
 
-ATTENTION_MODES = ("chunked", "sdpa")
+ATTENTION_MODES = ("auto", "chunked", "sdpa")
 CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES}
