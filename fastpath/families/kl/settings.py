@@ -31,7 +31,13 @@ class KLSettings:
     # Chunked attention's softmax as ``softmax_rows`` (Triton, in place: one read and one write
     # of each score chunk, one score-sized tensor less alive) instead of torch's (a second
     # score-sized tensor; ~2.1 TB/s at 2048², 8.1 ms of an 86 ms SDXL decode on the H200).
-    row_softmax: bool = True
+    # Off: interleaved at 18a0697 it was 2.0% faster on SDXL 2048² on both trees (1024²: within
+    # the quartiles), but with it on, two full-size Flux decodes that differ only in
+    # ``residual_norm_stats`` were not bit-equal (tier 3, twice; on with torch's softmax, equal
+    # twice). The kernel's rows are independent and its sums have a fixed order, so the likelier
+    # cause is some other op that depends on where the allocator puts tensors, which the freed
+    # score tensor moves; not found. Left off until it is (docs/benchmark/32151e6).
+    row_softmax: bool = False
     # Nearest-2x + 3x3 conv as "transposed" (one 4x4 stride-2 conv_transpose2d), "subpixel"
     # (2x2 conv to 4*C channels + pixel shuffle) or "stock" (interpolate, then the 3x3 conv).
     upsample: str = "transposed"
