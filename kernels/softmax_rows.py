@@ -1,14 +1,15 @@
 """Softmax over the last dim of a contiguous tensor, in place or into another dtype.
 
-The KL mid-block attention (``vae_attention.attention_chunked``) takes one softmax per chunk of
-query rows over all key tokens: at 2048² output a chunk is 4096 x 65536 bf16 scores. torch's
-``softmax`` writes a second tensor of that size and ran at ~2.1 TB/s there on an H200 (8.1 ms
-of an 86 ms SDXL 2048² decode, 16 launches). Here each row's probabilities overwrite its scores:
-one read and one write of the chunk, and one score-sized tensor less alive.
+The chunked attention (``vae_attention.attention_chunked``) takes one softmax per chunk of
+query rows over all key tokens. torch's ``softmax`` writes a second tensor of that size; here
+each row's probabilities overwrite its scores: one read and one write of the chunk, and one
+score-sized tensor less alive. The Wan mid-block attention uses it (per-frame scores of a few
+thousand keys, where it is twice as fast as torch's: the tiling note below); the KL wing's
+attention keeps torch's softmax by default (``families/kl/settings.py`` says why).
 
 Math: fp32 throughout (as torch computes for half inputs), ``exp(s - max) / sum``; rows up to
-``ONE_PASS_MAX`` columns are held in registers (one read), longer ones are read twice (the
-second read mostly from L2), the first pass keeping a running max and sum per lane. The probabilities differ from torch's by
+``ONE_PASS_MAX`` columns are held in registers (one read), longer ones are read twice, the
+first pass keeping a running max and sum per lane. The probabilities differ from torch's by
 fp32 rounding only, then one rounding to the output dtype.
 
 Offsets are int64 (chunks of many rows times long rows pass 2^31 elements).

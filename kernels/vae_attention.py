@@ -169,8 +169,8 @@ def attention_chunked(
     """``softmax(q k^T) v`` over tokens (N, L, d), by chunks of query rows.
 
     The softmax scale is ``scale`` (default 1: folded into ``q`` already, as
-    ``fold_attention_weights`` does), applied to the scores in the softmax's fp32 math. ``chunk`` query rows are processed at a time, so the score
-    matrix held at once is ``N * chunk * Lk`` elements; by default ``chunk`` is the largest that
+    ``fold_attention_weights`` does), applied to the scores in the softmax's fp32 math.
+    ``chunk`` query rows are processed at a time, so the score matrix held at once is ``N * chunk * Lk`` elements; by default ``chunk`` is the largest that
     keeps it within ``budget_bytes`` (``attention_chunk_size``). At 2048^2 output the mid-block
     has 65 536 tokens: a full bf16 score matrix would be 8 GiB.
 

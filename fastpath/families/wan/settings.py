@@ -2,7 +2,7 @@
 
 As the KL wing's (``families/kl/settings.py``): they change only how the open gate computes,
 never the closed gate, and are module-level so a benchmark can flip them in one process
-(``bench --setting wan.NAME=VALUE``); tests and benchmarks restore what they change.
+(``bench --wan-setting NAME=VALUE``); tests and benchmarks restore what they change.
 """
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ class WanSettings:
     # -5.9 / 0.0% (docs/benchmark/18a0697).
     attention: str = "auto"
     chunked_max_tokens: int = 8192
-    # Score bytes one chunk may hold (``attention_chunk_size``): a 1024² Qwen-Image frame has
-    # 16384 tokens, 1 GiB of bf16 scores and probabilities at once; a quarter keeps the
-    # mid-block's transient memory well below the full-resolution stages' peak.
+    # Score bytes one chunk may hold (``attention_chunk_size``, which counts scores and
+    # probabilities): a 1024² Qwen-Image frame chunked (``attention="chunked"``) would hold
+    # 16384 x 16384 scores, 1 GiB with torch's softmax, in one chunk under the KL wing's 1 GiB;
+    # a quarter keeps the mid-block's transient memory well below the full-resolution peak.
     attention_budget_bytes: int = 1 << 28
 
 
