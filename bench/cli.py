@@ -322,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Decodes each case at quality high once per round under every --variant, "
                     "in a shuffled order, and prints each variant's median against the first. "
                     "A variant sets --host-copies, --kl-setting, --wan-setting and "
-                    "--triton-launch as bench takes them, from the switches as this process has them (ComfyUI flags "
-                    "need 'modes').")
+                    "--triton-launch as bench takes them, from the switches as this process "
+                    "has them (ComfyUI flags need 'modes').")
     inter.add_argument("--variant", action="append", default=[], metavar="NAME=OPTIONS",
                        help="repeatable, at least two, the first the baseline; e.g. "
                             "--variant=pooled='--host-copies pooled' --variant=auto=")
