@@ -33,8 +33,8 @@ class KLSettings:
     # score-sized tensor; ~2.1 TB/s at 2048², 8.1 ms of an 86 ms SDXL decode on the H200).
     # Off: interleaved at 18a0697 it was 2.0% faster on SDXL 2048² on both trees (1024²: within
     # the quartiles), but with it on, two full-size Flux decodes that differ only in
-    # ``residual_norm_stats`` were not bit-equal (tier 3, twice; on with torch's softmax, equal
-    # twice). The kernel's rows are independent and its sums have a fixed order, so the likelier
+    # ``residual_norm_stats`` were not bit-equal (tier 3, three times in runs 4 and 5; with
+    # torch's softmax, equal twice). The kernel's rows are independent and its sums have a fixed order, so the likelier
     # cause is some other op that depends on where the allocator puts tensors, which the freed
     # score tensor moves; not found. Left off until it is (docs/benchmark/32151e6).
     row_softmax: bool = False
