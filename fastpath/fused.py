@@ -11,6 +11,7 @@ import weakref
 
 import torch
 
+from ..kernels.backend import start_compiler_key
 from .cache import drop_fast_path_caches
 from .comfyui.weights import STREAMED, weights_for_call
 from .log import log_once, say
@@ -100,3 +101,5 @@ def arm_prewarm(gate, model: torch.nn.Module) -> None:
     """Remember ``model``'s fused modules on its gate; the first fused call warms them up."""
     modules = [m for m in model.modules() if isinstance(m, FusedModule)]
     gate.prewarm_modules = weakref.WeakSet(modules) if modules else None
+    if modules and torch.cuda.is_available():
+        start_compiler_key()  # hashed while ComfyUI loads the model and the decode starts

@@ -25,7 +25,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
-from ..kernels.backend import compile_launch, on_device, recording_launches, triton, variant_key
+from ..kernels.backend import (
+    compile_launch,
+    on_device,
+    recording_launches,
+    start_compiler_key,
+    triton,
+    variant_key,
+    wait_compiler_key,
+)
 from .log import say
 
 # Compile threads (bounded by the host's CPUs). SDXL's 22 variants, fresh Triton cache, H200 host
@@ -69,6 +77,7 @@ def warm_up(gate, x: object) -> None:
     jobs = _jobs(modules)
     if not jobs:
         return
+    start_compiler_key()  # (if install did not) hashed while step 1 runs
     start = time.perf_counter()
     failures: list[str] = []
     # 1. Learn the variants: each distinct module runs its fast path on a tiny input with
@@ -92,6 +101,7 @@ def warm_up(gate, x: object) -> None:
     if device.type == "cuda":
         with on_device(device):  # set Triton's driver up on this thread before the workers race to
             triton.runtime.driver.active.get_current_device()
+    wait_compiler_key()  # hashed once, not by every worker (``start_compiler_key``)
     workers = min(MAX_WORKERS, os.cpu_count() or 1, len(variants))
     if workers > 1:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fvd-prewarm") as pool:

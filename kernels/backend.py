@@ -52,6 +52,45 @@ def on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
+# --- the compiler's own cache key, hashed once ahead of the warm-up ----------------------------
+
+# Every Triton compile keys its cache on a hash of Triton itself (``triton_key``: SHA-256 of the
+# compiler's Python files and of libtriton, ~500 MB). It is cached per process but not locked,
+# so the warm-up's compile threads, starting together, each hash the library in full (on the
+# H200 host 16 of them sat in it at once). Hashed once on a thread of its own while the decode
+# is being set up, they find it ready.
+_COMPILER_KEY: dict[str, threading.Thread] = {}
+_COMPILER_KEY_LOCK = threading.Lock()
+
+
+def _hash_compiler() -> None:
+    try:
+        from triton.runtime.cache import triton_key
+        triton_key()
+    except Exception:  # best effort: a Triton without it hashes (or not) its own way
+        pass
+
+
+def start_compiler_key() -> None:
+    """Start hashing Triton's own cache key in the background, once per process (a no-op
+    without Triton or under the interpreter, which compiles nothing)."""
+    if triton is None or interpreting():
+        return
+    with _COMPILER_KEY_LOCK:
+        if "thread" not in _COMPILER_KEY:
+            thread = threading.Thread(target=_hash_compiler, name="fvd-compiler-key", daemon=True)
+            _COMPILER_KEY["thread"] = thread
+            thread.start()
+
+
+def wait_compiler_key() -> None:
+    """Make sure the key is hashed (started here if it was not) before compile threads start."""
+    start_compiler_key()
+    thread = _COMPILER_KEY.get("thread")
+    if thread is not None:
+        thread.join()
+
+
 # --- launches, or compile-only recording (first-decode warm-up) --------------------------------
 
 _RECORDING = threading.local()

@@ -151,3 +151,68 @@ def test_recorded_launches_run_nothing_and_sizes_share_a_variant():
     with recording_launches() as recorded:
         launch(NeverLaunched(), (1,), torch.zeros(1), BLOCK=4)
     assert len(recorded) == 1
+
+
+# --- Triton's own cache key, hashed once ahead of the compile threads ------------------------
+
+
+@pytest.fixture
+def compiler_key(monkeypatch):
+    """A fresh once-per-process state, outside the interpreter, with a counting stand-in for
+    Triton's ``triton_key`` (the real one hashes ~500 MB of libtriton)."""
+    from fast_vae_decode.kernels import backend
+
+    if backend.triton is None:
+        pytest.skip("needs Triton")
+    import triton.runtime.cache as triton_cache
+
+    calls = []
+    monkeypatch.setattr(triton_cache, "triton_key", lambda: calls.append(1) or "key")
+    monkeypatch.setattr(backend, "interpreting", lambda: False)
+    monkeypatch.setattr(backend, "_COMPILER_KEY", {})
+    return backend, calls
+
+
+def test_the_compiler_key_is_hashed_once_however_often_it_is_asked_for(compiler_key):
+    backend, calls = compiler_key
+    for _ in range(3):
+        backend.start_compiler_key()
+    backend.wait_compiler_key()
+    backend.wait_compiler_key()
+    assert calls == [1]
+    assert not backend._COMPILER_KEY["thread"].is_alive()
+
+
+def test_waiting_hashes_the_key_when_nothing_started_it(compiler_key):
+    backend, calls = compiler_key
+    backend.wait_compiler_key()
+    assert calls == [1]
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_install_starts_hashing_the_key_only_on_a_cuda_host(compiler_key, monkeypatch, cuda):
+    backend, calls = compiler_key
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    install_fast_path(tiny_vae())
+    if cuda:
+        backend.wait_compiler_key()
+    assert calls == ([1] if cuda else []) and ("thread" in backend._COMPILER_KEY) == cuda
+
+
+def test_the_interpreter_never_hashes_the_key(compiler_key, monkeypatch):
+    backend, calls = compiler_key
+    monkeypatch.setattr(backend, "interpreting", lambda: True)
+    backend.wait_compiler_key()
+    assert backend._COMPILER_KEY == {} and calls == []
+
+
+def test_compile_threads_start_only_after_the_key_is_hashed(cpu_warmup, monkeypatch):
+    """The warm-up waits for the key before any variant compiles."""
+    order = []
+    monkeypatch.setattr(prewarm, "wait_compiler_key", lambda: order.append("key"))
+    monkeypatch.setattr(prewarm, "start_compiler_key", lambda: None)
+    monkeypatch.setattr(prewarm, "compile_launch", lambda record: order.append("compile"))
+    model = tiny_vae()
+    install_fast_path(model)
+    _decode(model, _latent(), True)
+    assert order and order[0] == "key" and order.count("key") == 1 and "compile" in order
