@@ -25,6 +25,11 @@ that order and never rounded. A conv computed as per-tap partial outputs, its bi
 added, is thus finished inside the norm's own memory pass rather than in passes of its own.
 ``out`` may be given (e.g. a time slice of a bigger cache buffer) to write the result in place.
 
+Frame tail: ``tail`` may be a dense channels-last-3d (N, C, K, H, W) tensor that also receives
+the last K frames of the result, stored from the same registers as the main output. A causal
+video conv keeps its input's last frames for the next chunk (Wan's frame cache): written here
+they need no copy pass of their own.
+
 Padded output: ``out`` may also be a 5-D view whose pixels are not dense, e.g. the interior
 ``buf[:, :, t0:t1, 1:-1, 1:-1]`` of a conv input buffer with a one-pixel border. With
 ``out_border=1`` the kernel also writes that border as ``padding_mode="reflect"`` would (row -1
@@ -85,7 +90,7 @@ def reflect_border_(out: torch.Tensor, border: int) -> torch.Tensor:
 
 def rms_norm_silu_reference(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
-    out_border=0,
+    out_border=0, tail=None,
 ):
     """Stock math with fp32 accumulation; the test oracle (where the kernel declines, the caller
     runs the stock module).
@@ -94,7 +99,8 @@ def rms_norm_silu_reference(
     None (no scale), ``bias`` None or a python number; ``mean_eps`` selects the pixel norm.
     The norm's input is ``x + addends... + in_bias`` summed in fp32 in
     that order (the kernel's order). Returns
-    ``x.dtype``: a new tensor, or ``out`` written in place when given.
+    ``x.dtype``: a new tensor, or ``out`` written in place when given; ``tail`` (5-D, K frames)
+    gets the result's last K frames.
     """
     channels = x.shape[1]
     shape = (channels,) + (1,) * (x.dim() - 2)
@@ -116,6 +122,8 @@ def rms_norm_silu_reference(
         y = y + float(bias)
     if silu:
         y = F.silu(y)
+    if tail is not None:
+        tail.copy_(y[:, :, y.shape[2] - tail.shape[2]:])
     if out is not None:
         return reflect_border_(out.copy_(y), out_border)
     return y.to(x.dtype)
@@ -173,8 +181,26 @@ def _out_reason(out, x: torch.Tensor, addends, out_border: int = 0) -> str | Non
     return None
 
 
+def _tail_reason(tail, x: torch.Tensor, out, out_border: int) -> str | None:
+    if not isinstance(tail, torch.Tensor):
+        return f"tail is {type(tail).__name__}, not a tensor"
+    if x.dim() != 5 or tail.dim() != 5:
+        return "a frame tail needs 5-D tensors"
+    if (tail.shape[:2] != x.shape[:2] or tail.shape[3:] != x.shape[3:]
+            or not 0 < tail.shape[2] <= x.shape[2]):
+        return f"tail {tuple(tail.shape)} is not the last frames of {tuple(x.shape)}"
+    if tail.dtype != x.dtype or tail.device != x.device:
+        return "tail differs from the input in dtype or device"
+    if not pixels_dense(tail):
+        return "tail not channels-last-3d"
+    if out_border or (out is not None and not pixels_dense(out)):
+        return "a frame tail with a strided or bordered out"
+    return None
+
+
 def rms_norm_silu_unsupported(
-    x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True, out_border: int = 0
+    x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True, out_border: int = 0,
+    tail=None,
 ) -> str | None:
     """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason.
 
@@ -208,7 +234,13 @@ def rms_norm_silu_unsupported(
             return reason
     elif out_border:
         return "a reflected border needs out"
-    return autograd_reason(x, gamma, bias, in_bias, out, *addends)
+    if tail is not None:
+        reason = _tail_reason(tail, x, out, out_border)
+        if reason is not None:
+            return reason
+        if any(tail.data_ptr() == t.data_ptr() for t in (x, *addends, *(() if out is None else (out,)))):
+            return "tail aliases an input or out"
+    return autograd_reason(x, gamma, bias, in_bias, out, tail, *addends)
 
 
 @functools.lru_cache(maxsize=64)
@@ -239,6 +271,7 @@ if triton is not None:
         gamma_ptr,
         bias_ptr,
         out_ptr,
+        tail_ptr,  # read only when TAIL: the last frames of out, again
         pixels,  # per sample
         channels,
         x_stride_n,
@@ -248,6 +281,8 @@ if triton is not None:
         out_stride_t,
         out_stride_h,
         out_stride_w,
+        tail_start,  # first pixel (per sample) that tail holds
+        tail_stride_n,
         scale,
         eps,
         bias_scalar,
@@ -259,6 +294,7 @@ if triton is not None:
         MEAN_EPS: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         SILU: tl.constexpr,
+        TAIL: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
@@ -336,6 +372,13 @@ if triton is not None:
                     tl.store(dst + dw, y, mask=right[:, None] & col_mask[None, :])
         else:
             tl.store(out_ptr + n * out_stride_n + offs, y, mask=mask)
+        if TAIL:
+            # Only the programs whose pixels reach the tail store there (a predicated-off store
+            # would still cost its address arithmetic on every element).
+            if tl.program_id(0).to(tl.int64) * BLOCK_P + BLOCK_P > tail_start:
+                t_rows = rows - tail_start
+                t_offs = n * tail_stride_n + t_rows[:, None] * channels + cols[None, :]
+                tl.store(tail_ptr + t_offs, y, mask=mask & (t_rows >= 0)[:, None])
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -344,7 +387,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def rms_norm_silu(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
-    out_border=0,
+    out_border=0, tail=None,
 ) -> torch.Tensor | None:
     """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor
     (``mean_eps``: the pixel norm; ``gamma`` None: no scale).
@@ -356,10 +399,11 @@ def rms_norm_silu(
     addend: tiles are read and written by different programs in no set order. ``out`` may be
     a strided 5-D view with contiguous channels; with ``out_border=1`` it is the interior of a
     buffer one pixel wider on each side of H and W, whose border is written by reflection (the
-    caller owns that memory; see the module docstring).
+    caller owns that memory; see the module docstring). ``tail``: a dense channels-last-3d
+    tensor of the last K frames' shape, written with them.
     """
     reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out,
-                                       out_border=out_border)
+                                       out_border=out_border, tail=tail)
     if reason is not None:
         return None
     if out is None:
@@ -387,11 +431,14 @@ def rms_norm_silu(
         gamma_flat,
         bias_flat,
         out,
+        x if tail is None else tail,
         pixels,
         channels,
         x.stride(0) if batch > 1 else 0,
         out.stride(0) if batch > 1 else 0,
         *((out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
+        pixels - (0 if tail is None else tail[0, 0].numel()),
+        tail.stride(0) if tail is not None and batch > 1 else 0,
         float(channels) ** 0.5,
         float(eps),
         bias_scalar,
@@ -405,6 +452,7 @@ def rms_norm_silu(
         "MEAN_EPS": bool(mean_eps),
         "HAS_BIAS": has_bias,
         "SILU": bool(silu),
+        "TAIL": tail is not None,
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
     }

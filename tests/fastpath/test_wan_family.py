@@ -358,3 +358,51 @@ def test_attention_modes_stay_close_to_lossless(models, kind, shape, mode, max_t
                 if isinstance(m, FusedWanAttention)}
     assert (calls != []) == chunked
     assert set(calls) <= {c ** -0.5 for c in channels}
+
+
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[2], CASES[5]], ids=[IDS[1], IDS[2], IDS[5]])
+def test_caches_written_by_the_norms_are_the_cloned_bytes(models, kind, shape, monkeypatch):
+    """``cache_from_norm``: the residual blocks' norms write the frames their convs cache (the
+    frame tail) instead of ``next_cache`` cloning them; the decode is the same bytes either
+    way, and the clones really go (only single-frame chunks, whose cache reaches into the
+    cached frames in front, still clone)."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    clones = []
+    real = wan_modules.next_cache
+    monkeypatch.setattr(wan_modules, "next_cache", lambda *a: (clones.append(a[0].shape[2]),
+                                                                real(*a))[1])
+    results, counts = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(wan_settings, "cache_from_norm", on)
+        clones.clear()
+        got, _, stats = _high_and_stock(models, kind, shape)
+        assert stats.fallbacks == {} and stats.fused_calls > 0
+        results[on], counts[on] = got, len(clones)
+    assert torch.equal(results[True], results[False])
+    assert 0 < counts[True] < counts[False]
+
+
+def test_cache_tail_is_the_new_frames_next_cache_would_clone():
+    from fast_vae_decode.fastpath.families.wan.ops import cache_tail, next_cache
+
+    def buffer(frames):
+        return torch.randn(1, 8, frames, 3, 4).contiguous(memory_format=torch.channels_last_3d)
+
+    # (frames in the buffer, zero frames in front, new frames, OWN rule, tail frames or None)
+    for total, zeros, new, own, expected in [
+        (6, 0, 4, False, 2),  # a steady chunk of four: its last two frames
+        (4, 0, 2, False, 2),  # two new frames behind two cached ones: both new frames
+        (3, 2, 1, False, 1),  # the first single frame behind zero padding: itself
+        (3, 0, 1, False, None),  # one new frame behind cached ones: the cache reaches back
+        (3, 0, 1, True, 1),  # ... unless the block caches its own frames only (OWN)
+    ]:
+        inp = buffer(total)
+        view = inp[:, :, total - new:]
+        tail = cache_tail(inp, zeros, view, own)
+        cloned = next_cache(inp, zeros, new if own else None)
+        if expected is None:
+            assert tail is None
+            continue
+        assert tail.shape == cloned.shape and tail.shape[2] == expected
+        assert tail.is_contiguous(memory_format=torch.channels_last_3d)

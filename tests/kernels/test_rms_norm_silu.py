@@ -313,6 +313,14 @@ def _fold_x():
         pytest.param(lambda x: {"out": x.clone().to(torch.bfloat16)}, id="out-dtype"),
         pytest.param(lambda x: {"out": torch.empty(x.shape)}, id="out-not-channels-last"),
         pytest.param(lambda x: {"out": torch.empty(1, 8, 1, 3, 3)}, id="out-shape"),
+        pytest.param(lambda x: {"tail": x[:, :, 1:].contiguous()}, id="tail-not-channels-last"),
+        pytest.param(lambda x: {"tail": torch.empty(1, 8, 3, 3, 3)}, id="tail-longer-than-x"),
+        pytest.param(lambda x: {"tail": _channels_last(torch.empty(1, 8, 1, 3, 4))},
+                     id="tail-frame-size"),
+        pytest.param(lambda x: {"tail": _channels_last(torch.empty(1, 8, 1, 3, 3)).double()},
+                     id="tail-dtype"),
+        pytest.param(lambda x: {"tail": x}, id="tail-is-x"),
+        pytest.param(lambda x: {"tail": x[0, :, 0]}, id="tail-4d"),
     ],
 )
 def test_unsupported_fold_returns_none(make):
@@ -323,6 +331,47 @@ def test_unsupported_fold_returns_none(make):
     before = x.clone()
     assert rms_norm_silu(x, torch.ones(8), None, **kw) is None
     assert torch.equal(x, before)
+
+
+# --- the frame tail: the last frames written again, for a causal conv's next chunk -------------
+
+# (channels, frames, tail frames, h, w, batch)
+TAIL_SHAPES = [
+    (96, 4, 2, 5, 7, 1),  # Wan 2.1's C=96 at a 0.8-style 4-frame chunk: the tail starts inside
+    # the second of three 64-pixel tiles (70 of 140 pixels), so one tile stores partly
+    (32, 2, 2, 3, 4, 1),  # ComfyUI 0.33's 2-frame slices: the tail is the whole output
+    (24, 3, 1, 3, 3, 2),  # one tail frame, batch 2 (tail's own batch stride), C not a
+    # multiple of 16
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("out_kind", ["new", "time-slice"])
+@pytest.mark.parametrize("dims", TAIL_SHAPES)
+def test_tail_holds_the_last_frames_of_the_result(dims, out_kind, dtype):
+    channels, t, k, h, w, batch = dims
+    gen = torch.Generator().manual_seed(11)
+    x, addends, in_bias, gamma, bias = _fold_inputs(channels, t, h, w, batch, 1, True, dtype, gen)
+    out, _ = _out_for("new" if batch > 1 else out_kind, x, gen)
+    tail = _channels_last(torch.full((batch, channels, k, h, w), float("nan")).to(dtype))
+    kw = {"addends": addends, "in_bias": in_bias, "out": out, "tail": tail}
+    assert rms_norm_silu_unsupported(x, gamma, bias, **kw) is None
+    result = rms_norm_silu(x, gamma, bias, **kw)
+    # The same bytes as the result's last frames: what a copy of them would hold.
+    assert torch.equal(tail, result[:, :, t - k:])
+    ref_tail = torch.empty_like(tail)
+    rms_norm_silu_reference(x, gamma, bias, addends=addends, in_bias=in_bias, tail=ref_tail)
+    rtol = 1e-5 if dtype == torch.float32 else 2**-7
+    torch.testing.assert_close(tail, ref_tail, rtol=rtol, atol=1e-5)
+
+
+def test_a_tail_is_refused_beside_a_bordered_out():
+    x = _fold_x()  # (1, 8, 2, 3, 3)
+    buf = _channels_last(torch.zeros(1, 8, 2, 5, 5))
+    tail = _channels_last(torch.empty(1, 8, 1, 3, 3))
+    reason = rms_norm_silu_unsupported(x, torch.ones(8), None, out=buf[:, :, :, 1:-1, 1:-1],
+                                       out_border=1, tail=tail)
+    assert reason == "a frame tail with a strided or bordered out"
 
 
 # --- the pixel norm (``mean_eps``): LTX VAE's ``PixelNorm``, with its blocks' scale/shift ----

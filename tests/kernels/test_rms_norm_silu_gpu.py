@@ -80,3 +80,25 @@ def test_cuda_pixel_norm_into_a_reflect_padded_conv_input():
     want = torch.nn.functional.pad(ref.reshape(1, 128 * 17, 128, 192), (1, 1, 1, 1), mode="reflect")
     torch.testing.assert_close(buf[:, :, 2:], want.reshape(1, 128, 17, 130, 194), rtol=2**-7, atol=1e-5)
     assert not buf[:, :, :2].any()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("frames,tail_frames", [(4, 2), (2, 2)])
+def test_cuda_frame_tail_at_wan21_full_resolution(frames, tail_frames):
+    """A Wan 2.1 residual block's norm writing its conv's input behind two cached frames and,
+    again, the frames that conv caches (ComfyUI 0.8's 4-frame chunks, 0.33's 2-frame slices)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 96, frames, 480, 832)
+    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
+    addend = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
+    gamma = 1.0 + 0.5 * torch.randn(96, generator=gen, device="cuda")
+    buf = _channels_last(torch.zeros((1, 96, frames + 2, 480, 832), device="cuda",
+                                     dtype=torch.bfloat16))
+    tail = _channels_last(torch.full((1, 96, tail_frames, 480, 832), float("nan"),
+                                     device="cuda", dtype=torch.bfloat16))
+    out = rms_norm_silu(x, gamma, None, addends=(addend,), out=buf[:, :, 2:], tail=tail)
+    assert out is not None
+    assert torch.equal(tail, buf[:, :, frames + 2 - tail_frames:])
+    assert torch.equal(buf[:, :, :2], torch.zeros_like(buf[:, :, :2]))
+    ref = rms_norm_silu_reference(x, gamma, None, addends=(addend,))
+    torch.testing.assert_close(out, ref, rtol=2**-7, atol=1e-5)

@@ -37,6 +37,7 @@ from ...video_ops import CL3D, add_parts, conv_weight, conv_weights_reason, to_c
 from .exact import ExactCausalConv3d, ExactRMSNorm
 from .ops import (
     cache_entry_reason,
+    cache_tail,
     causal_conv3d,
     causal_input,
     conv_parts,
@@ -111,15 +112,22 @@ class FusedWanResidualBlock(FusedModule):
         # Each norm writes straight into its conv's assembled input (behind the cached frames);
         # each conv's bias and per-tap partial outputs are summed by the pass that reads them
         # next: norm2, then the residual add. The convs themselves are the stock sums.
+        # The frames each conv caches are written by its norm too where they are new frames
+        # (``cache_tail``), else cloned from the assembled input (``next_cache``).
         x = to_cl3d(x)
         inp1, new1, zeros1 = causal_input(conv1, x, prev1, writable=True)
-        norm_silu(norm1, x, out=new1)
-        cache1 = next_cache(inp1, zeros1, new1.shape[2] if own else None) if keep else None
+        cache1 = cache_tail(inp1, zeros1, new1, own) if keep else None
+        norm_silu(norm1, x, out=new1, tail=cache1)
+        if keep and cache1 is None:
+            cache1 = next_cache(inp1, zeros1, new1.shape[2] if own else None)
         parts = conv_parts(conv1, inp1)
         del inp1, new1
         inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2, writable=True)
-        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=bias_of(conv1), out=new2)
-        cache2 = next_cache(inp2, zeros2, new2.shape[2] if own else None) if keep else None
+        cache2 = cache_tail(inp2, zeros2, new2, own) if keep else None
+        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=bias_of(conv1), out=new2,
+                  tail=cache2)
+        if keep and cache2 is None:
+            cache2 = next_cache(inp2, zeros2, new2.shape[2] if own else None)
         del parts
         parts = conv_parts(conv2, inp2)
         del inp2, new2

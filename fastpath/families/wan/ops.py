@@ -24,6 +24,7 @@ from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, meth
 from ...comfyui.weights import bias_of, comfy_cast_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
 from ...video_ops import CL3D, add_parts, conv_weight, sum_parts, to_cl3d
+from .settings import settings
 
 CACHE_T = 2  # frames each causal conv keeps from the previous chunk (the stock CACHE_T)
 
@@ -134,17 +135,29 @@ def rms_norm_static_reason(norm: torch.nn.Module) -> str | None:
 # --- compute -------------------------------------------------------------------------------
 
 
+def _fill_tail(tail: torch.Tensor | None, y: torch.Tensor) -> None:
+    if tail is not None:
+        tail.copy_(y[:, :, y.shape[2] - tail.shape[2]:])
+
+
 def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
               addends: tuple = (), in_bias: torch.Tensor | None = None,
-              out: torch.Tensor | None = None) -> torch.Tensor:
-    """RMS norm (+ SiLU) of channels-last ``x + sum(addends) + in_bias``, into ``out`` if given.
+              out: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> torch.Tensor:
+    """RMS norm (+ SiLU) of channels-last ``x + sum(addends) + in_bias``, into ``out`` if given;
+    ``tail`` (see ``cache_tail``) gets the result's last frames.
 
     Callers check ``norm_reason`` for ``x`` first, so the kernel declining plain ``x`` means the
     checks and the kernel disagree: raising sends the caller to its stock path (before any
     state changed). Declining only the folded inputs (a layout the kernel does not take) is
-    handled here by summing them in torch first: slower, same math up to one rounding.
+    handled here by summing them in torch first: slower, same math up to one rounding. A tail
+    the kernel declines is copied from the result afterwards: the same bytes either way.
     """
-    y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu, addends=addends, in_bias=in_bias, out=out)
+    kw = {"silu": silu, "addends": addends, "in_bias": in_bias, "out": out}
+    y = rms_norm_silu(x, norm.gamma, norm.bias, **kw, tail=tail)
+    if y is None and tail is not None:
+        y = rms_norm_silu(x, norm.gamma, norm.bias, **kw)
+        if y is not None:
+            _fill_tail(tail, y)
     if y is not None:
         return y
     if addends or in_bias is not None:
@@ -153,6 +166,7 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
     if y is None:
         raise RuntimeError("rms_norm_silu declined: "
                            + str(rms_norm_silu_unsupported(x, norm.gamma, norm.bias)))
+    _fill_tail(tail, y)
     return y if out is None else out.copy_(y)
 
 
@@ -273,6 +287,25 @@ def next_cache(inp: torch.Tensor, zeros: int, new: int | None = None) -> torch.T
     if new is not None:
         start = max(start, inp.shape[2] - new)
     return inp[:, :, start:].clone(memory_format=CL3D)
+
+
+def cache_tail(inp: torch.Tensor, zeros: int, new: torch.Tensor,
+               own: bool = False) -> torch.Tensor | None:
+    """An empty tensor for what ``next_cache`` would return, where that lies within the new
+    frames ``new`` (the view of ``inp`` the producer writes): the producer then writes it too
+    (``norm_silu``'s ``tail``) and no clone reads it back. None where the cache reaches into
+    the cached frames in front (a single new frame under ``JOINED``) or the setting is off."""
+    if not settings.cache_from_norm:
+        return None
+    total, n_new = inp.shape[2], new.shape[2]
+    start = max(zeros, total - CACHE_T)
+    if own:
+        start = max(start, total - n_new)
+    if start < total - n_new:
+        return None
+    shape = list(new.shape)
+    shape[2] = total - start
+    return torch.empty(shape, dtype=new.dtype, device=new.device, memory_format=CL3D)
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,

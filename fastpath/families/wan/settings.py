@@ -25,6 +25,10 @@ class WanSettings:
     # 16384 x 16384 scores, 1 GiB with torch's softmax, in one chunk under the KL wing's 1 GiB;
     # a quarter keeps the mid-block's transient memory well below the full-resolution peak.
     attention_budget_bytes: int = 1 << 28
+    # A residual block's norms also write the frames its conv caches for the next chunk
+    # (``rms_norm_silu``'s frame tail) instead of a clone pass reading them back: the same
+    # bytes, one read of them fewer. Off: ``next_cache`` clones, as before.
+    cache_from_norm: bool = True
 
 
 settings = WanSettings()
