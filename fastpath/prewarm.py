@@ -66,6 +66,16 @@ def _jobs(modules) -> list:
     return jobs
 
 
+_FRAME = threading.local()
+
+
+def frame_hint() -> tuple[int, int] | None:
+    """During a warm-up: the (height, width) of the first fused call's input, the latent frame
+    a decoder's mid-block will see; None outside one. For kernels whose variant depends on a
+    size class (the Wan attention's row softmax tiles a whole frame's tokens)."""
+    return getattr(_FRAME, "size", None)
+
+
 def warm_up(gate, x: object) -> None:
     """Run the armed warm-up once for this gate (called by the first fused forward)."""
     with _LOCK:
@@ -82,12 +92,17 @@ def warm_up(gate, x: object) -> None:
     failures: list[str] = []
     # 1. Learn the variants: each distinct module runs its fast path on a tiny input with
     #    Triton launches recorded, not run (torch ops still run; outputs are garbage, dropped).
-    with recording_launches() as recorded, torch.inference_mode():
-        for module in jobs:
-            try:
-                module.prewarm(device, dtype)
-            except Exception as exc:  # best effort: the real call compiles it, or falls back
-                failures.append(f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+    _FRAME.size = tuple(x.shape[-2:]) if x.dim() >= 4 else None
+    try:
+        with recording_launches() as recorded, torch.inference_mode():
+            for module in jobs:
+                try:
+                    module.prewarm(device, dtype)
+                except Exception as exc:  # best effort: the real call compiles it, or falls back
+                    failures.append(
+                        f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+    finally:
+        _FRAME.size = None
     variants = list({variant_key(r): r for r in recorded}.values())
 
     # 2. Compile every variant once, in parallel (ptxas, gcc and LLVM run outside the GIL).

@@ -261,8 +261,11 @@ def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, in
 if triton is not None:
 
     # ``pixels`` is a runtime int (one compilation for every frame size); ``channels`` stays
-    # specialized: its divisibility by 16 is what lets the loads vectorize.
-    @triton.jit(do_not_specialize=["pixels", "height", "width"])
+    # specialized: its divisibility by 16 is what lets the loads vectorize. The frame tail is a
+    # runtime flag too: a decode's first call with one would otherwise compile a variant of
+    # every norm inside the decode (the warm-up meets uncached calls).
+    @triton.jit(do_not_specialize=["pixels", "height", "width", "has_tail", "tail_start",
+                                   "tail_stride_n"])
     def _rms_norm_silu_kernel(
         x_ptr,
         a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
@@ -271,7 +274,7 @@ if triton is not None:
         gamma_ptr,
         bias_ptr,
         out_ptr,
-        tail_ptr,  # read only when TAIL: the last frames of out, again
+        tail_ptr,  # read only when has_tail: the last frames of out, again
         pixels,  # per sample
         channels,
         x_stride_n,
@@ -281,6 +284,7 @@ if triton is not None:
         out_stride_t,
         out_stride_h,
         out_stride_w,
+        has_tail,  # 0 / 1
         tail_start,  # first pixel (per sample) that tail holds
         tail_stride_n,
         scale,
@@ -294,7 +298,6 @@ if triton is not None:
         MEAN_EPS: tl.constexpr,
         HAS_BIAS: tl.constexpr,
         SILU: tl.constexpr,
-        TAIL: tl.constexpr,
         BLOCK_P: tl.constexpr,
         BLOCK_C: tl.constexpr,
     ):
@@ -372,9 +375,9 @@ if triton is not None:
                     tl.store(dst + dw, y, mask=right[:, None] & col_mask[None, :])
         else:
             tl.store(out_ptr + n * out_stride_n + offs, y, mask=mask)
-        if TAIL:
-            # Only the programs whose pixels reach the tail store there (a predicated-off store
-            # would still cost its address arithmetic on every element).
+        # Only the programs whose pixels reach the tail store there (a predicated-off store
+        # would still cost its address arithmetic on every element).
+        if has_tail != 0:
             if tl.program_id(0).to(tl.int64) * BLOCK_P + BLOCK_P > tail_start:
                 t_rows = rows - tail_start
                 t_offs = n * tail_stride_n + t_rows[:, None] * channels + cols[None, :]
@@ -437,6 +440,7 @@ def rms_norm_silu(
         x.stride(0) if batch > 1 else 0,
         out.stride(0) if batch > 1 else 0,
         *((out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
+        int(tail is not None),
         pixels - (0 if tail is None else tail[0, 0].numel()),
         tail.stride(0) if tail is not None and batch > 1 else 0,
         float(channels) ** 0.5,
@@ -452,7 +456,6 @@ def rms_norm_silu(
         "MEAN_EPS": bool(mean_eps),
         "HAS_BIAS": has_bias,
         "SILU": bool(silu),
-        "TAIL": tail is not None,
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
     }

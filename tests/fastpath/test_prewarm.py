@@ -216,3 +216,25 @@ def test_compile_threads_start_only_after_the_key_is_hashed(cpu_warmup, monkeypa
     install_fast_path(model)
     _decode(model, _latent(), True)
     assert order and order[0] == "key" and order.count("key") == 1 and "compile" in order
+
+
+@pytest.mark.parametrize("kind,shape", [("wan21", (1, 4, 3, 4, 6)), ("wan22", (1, 8, 3, 4, 6))])
+def test_wan_warm_up_compiles_every_variant_a_cached_decode_meets(cpu_warmup, monkeypatch, kind,
+                                                                  shape):
+    """Every kernel variant a decode launches (three latent frames: the first chunk and
+    steady chunks reading the frame cache; the mid-block attention on the latent's frame size)
+    was among those the warm-up compiled, so none is left to compile inside the first decode."""
+    from fast_vae_decode.kernels.backend import recording_launches, variant_key
+
+    warmed = []
+    monkeypatch.setattr(prewarm, "compile_launch", warmed.append)
+    model = tiny_wan(kind)
+    install_fast_path(model)
+    gate = gate_for(model)
+    z = wan_latent(shape)
+    with torch.inference_mode(), gate.opened(True):
+        model.decode(z)  # the first fused call warms up
+        with recording_launches() as decoded:
+            model.decode(z)
+    missing = {variant_key(r) for r in decoded} - {variant_key(r) for r in warmed}
+    assert warmed and decoded and not missing, [(k[0].fn.__name__, k[2]) for k in missing]

@@ -30,8 +30,8 @@ from ....kernels.vae_attention import attention_chunked
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN
 from ...comfyui.weights import bias_of, is_stable, weight_of, weights_for_call
-from ...conv_routes import CUDNN, conv_route
 from ...fused import FusedModule
+from ...prewarm import frame_hint
 from ...reasons import first_reason, input_reason
 from ...video_ops import CL3D, add_parts, conv_weight, conv_weights_reason, to_cl, to_cl3d
 from .exact import ExactCausalConv3d, ExactRMSNorm
@@ -101,6 +101,17 @@ class FusedWanResidualBlock(FusedModule):
 
     def prewarm_channels(self):
         return self._parts()[0].gamma.shape[0]
+
+    def prewarm(self, device, dtype):
+        """A decode's first chunk (one frame) and then a steady one (two frames behind the
+        cached ones) through a private frame cache: the kernel variants only cached calls meet
+        (the norms' frame tails, the second tap part a norm folds in) get compiled too."""
+        cache, channels = [None, None], self.prewarm_channels()
+        with weights_for_call():
+            for frames in (1, 2):
+                x = to_cl3d(torch.randn(1, channels, frames, 8, 8, device=device, dtype=dtype))
+                if self.fast_unsupported(x, cache, [0]) is None:
+                    self.fast_forward(x, cache, [0])
 
     def fast_forward(self, x, feat_cache=None, feat_idx=None, *_ignored, **_ignored_kw):
         norm1, conv1, norm2, conv2, shortcut = self._parts()
@@ -175,9 +186,8 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
     _fvd_prewarm_rank = 5
 
     def prewarm_channels(self):
-        # Only a conv routed off cuDNN (``conv_routes``: the head) has Triton kernels to compile.
-        if conv_route(self.out_channels, tuple(self.kernel_size)) == CUDNN:
-            return None
+        # Every causal conv launches Triton: a routed one (``conv_routes``: the head) its conv,
+        # one left on cuDNN the pass that adds its bias (``add_parts``).
         return self.in_channels
 
     def prewarm(self, device, dtype):
@@ -278,6 +288,17 @@ class FusedWanAttention(FusedModule):
 
     def prewarm_channels(self):
         return self.norm.gamma.shape[0]
+
+    def prewarm(self, device, dtype):
+        """On a frame of the size the decode's attention meets (``frame_hint``: the mid-block
+        runs at the latent's size), not a tiny one: the row softmax's tile is the frame's token
+        count rounded up to a power of two, a kernel variant per size class."""
+        height, width = frame_hint() or (8, 8)
+        x = to_cl3d(torch.randn(1, self.prewarm_channels(), 1, height, width, device=device,
+                                dtype=dtype))
+        with weights_for_call():
+            if self.fast_unsupported(x) is None:
+                self.fast_forward(x)
 
     def fast_forward(self, x, *_ignored, **_ignored_kw):
         b, c, t, h, w = x.shape
