@@ -7,13 +7,16 @@ cost several seconds (8 s measured). Right before the first fused call of a mode
 open-gate decode, every distinct fused module runs its fast path once on a tiny input with
 Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); the distinct
 variants are then compiled, each once, in a thread pool (ptxas, gcc and LLVM run outside the
-GIL). Variants depend on channel counts and dtype only (sizes are never specialized; see the
-kernels' ``do_not_specialize``), so the real decode finds them all compiled.
+GIL). Variants depend on channel counts and dtype (sizes are never specialized; see the
+kernels' ``do_not_specialize``), and on the calls a module makes: a module whose calls differ
+with state or size warms up the way a decode calls it (a Wan residual block through a private
+frame cache; the Wan attention, whose row softmax tiles a whole frame, on the latent's frame
+size, ``frame_hint``). So the real decode finds them all compiled.
 
-Warm-up is best effort and has no effect on results: a module that declines the tiny input or
-raises, or a variant that fails to compile, is skipped (it then compiles on first use, as
-without warm-up), and no frame cache or gate state is touched (``prewarm`` calls
-``fast_forward`` without a cache).
+Warm-up is best effort and has no effect on results: a module that declines its warm-up input
+or raises, or a variant that fails to compile, is skipped (it then compiles on first use, as
+without warm-up), and no frame cache or gate state of the model is touched (a module's
+``prewarm`` passes no cache, or a private one).
 """
 from __future__ import annotations
 
