@@ -47,10 +47,13 @@ class FusedModule:
 
     def prewarm(self, device: torch.device, dtype: torch.dtype) -> None:
         """Run the fast path once on a tiny input so its Triton kernels get compiled."""
-        x = tiny_input(self.prewarm_channels(), self._fvd_prewarm_rank, device, dtype)
+        self.prewarm_call(tiny_input(self.prewarm_channels(), self._fvd_prewarm_rank, device, dtype))
+
+    def prewarm_call(self, *args, **kwargs) -> None:
+        """One warm-up call: the fast path on these arguments, where it takes them."""
         with weights_for_call():
-            if self.fast_unsupported(x) is None:
-                self.fast_forward(x)
+            if self.fast_unsupported(*args, **kwargs) is None:
+                self.fast_forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
         gate = self._fvd_gate

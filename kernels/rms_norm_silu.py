@@ -441,7 +441,7 @@ def rms_norm_silu(
         out.stride(0) if batch > 1 else 0,
         *((out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
         int(tail is not None),
-        pixels - (0 if tail is None else tail[0, 0].numel()),
+        pixels - (0 if tail is None else math.prod(tail.shape[2:])),
         tail.stride(0) if tail is not None and batch > 1 else 0,
         float(channels) ** 0.5,
         float(eps),

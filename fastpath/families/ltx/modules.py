@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
-from ...comfyui.weights import bias_of, weight_of, weights_for_call
+from ...comfyui.weights import bias_of, weight_of
 from ...fused import FusedModule
 from ...pixels.frames import BufferSink, frames_sink
 from ...prewarm import tiny_input
@@ -124,9 +124,8 @@ class _Prewarmed(FusedModule):
     def prewarm(self, device, dtype) -> None:
         x = tiny_input(self._fvd_channels, 5, device, dtype)
         kwargs = self.prewarm_kwargs(x)
-        with _frame_state_kept(self), weights_for_call():
-            if self.fast_unsupported(x, **kwargs) is None:
-                self.fast_forward(x, **kwargs)
+        with _frame_state_kept(self):
+            self.prewarm_call(x, **kwargs)
 
 
 class FusedLTXCausalConv3d(_Prewarmed):

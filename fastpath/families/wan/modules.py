@@ -29,7 +29,7 @@ from ....kernels.upsample_conv_fold import fold_upsample_conv_weight, upsample_c
 from ....kernels.vae_attention import attention_chunked
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN
-from ...comfyui.weights import bias_of, is_stable, weight_of, weights_for_call
+from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
 from ...prewarm import frame_hint
 from ...reasons import first_reason, input_reason
@@ -107,11 +107,9 @@ class FusedWanResidualBlock(FusedModule):
         cached ones) through a private frame cache: the kernel variants only cached calls meet
         (the norms' frame tails, the second tap part a norm folds in) get compiled too."""
         cache, channels = [None, None], self.prewarm_channels()
-        with weights_for_call():
-            for frames in (1, 2):
-                x = to_cl3d(torch.randn(1, channels, frames, 8, 8, device=device, dtype=dtype))
-                if self.fast_unsupported(x, cache, [0]) is None:
-                    self.fast_forward(x, cache, [0])
+        for frames in (1, 2):
+            x = to_cl3d(torch.randn(1, channels, frames, 8, 8, device=device, dtype=dtype))
+            self.prewarm_call(x, cache, [0])
 
     def fast_forward(self, x, feat_cache=None, feat_idx=None, *_ignored, **_ignored_kw):
         norm1, conv1, norm2, conv2, shortcut = self._parts()
@@ -193,12 +191,9 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
     def prewarm(self, device, dtype):
         """A chunk of several frames (every temporal tap, the routed kernel) and the first
         chunk's single frame (its last tap only: cuDNN's taps, whose bias add it warms)."""
-        with weights_for_call():
-            for frames in (3, 1):
-                x = torch.randn(1, self.in_channels, frames, 8, 8, device=device, dtype=dtype)
-                x = to_cl3d(x)
-                if self.fast_unsupported(x) is None:
-                    self.fast_forward(x)
+        for frames in (3, 1):
+            x = torch.randn(1, self.in_channels, frames, 8, 8, device=device, dtype=dtype)
+            self.prewarm_call(to_cl3d(x))
 
     def fast_forward(self, x, cache_x=None, cache_list=None, cache_idx=None):
         if cache_list is not None:
@@ -294,11 +289,8 @@ class FusedWanAttention(FusedModule):
         runs at the latent's size), not a tiny one: the row softmax's tile is the frame's token
         count rounded up to a power of two, a kernel variant per size class."""
         height, width = frame_hint() or (8, 8)
-        x = to_cl3d(torch.randn(1, self.prewarm_channels(), 1, height, width, device=device,
-                                dtype=dtype))
-        with weights_for_call():
-            if self.fast_unsupported(x) is None:
-                self.fast_forward(x)
+        self.prewarm_call(to_cl3d(torch.randn(1, self.prewarm_channels(), 1, height, width,
+                                              device=device, dtype=dtype)))
 
     def fast_forward(self, x, *_ignored, **_ignored_kw):
         b, c, t, h, w = x.shape

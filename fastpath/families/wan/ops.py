@@ -283,10 +283,13 @@ def next_cache(inp: torch.Tensor, zeros: int, new: int | None = None) -> torch.T
     """What the stock block caches for a conv: the last ``CACHE_T`` frames of ``prev ++ x``
     (``wan_code.JOINED``), which in the assembled input are the frames after the zero padding;
     given the number of ``new`` frames, of ``x`` alone (``wan_code.OWN``)."""
+    return inp[:, :, _cache_start(inp, zeros, new):].clone(memory_format=CL3D)
+
+
+def _cache_start(inp: torch.Tensor, zeros: int, new: int | None) -> int:
+    """The first frame of ``inp`` that the next cache holds (``next_cache``'s rule)."""
     start = max(zeros, inp.shape[2] - CACHE_T)
-    if new is not None:
-        start = max(start, inp.shape[2] - new)
-    return inp[:, :, start:].clone(memory_format=CL3D)
+    return start if new is None else max(start, inp.shape[2] - new)
 
 
 def cache_tail(inp: torch.Tensor, zeros: int, new: torch.Tensor,
@@ -298,9 +301,7 @@ def cache_tail(inp: torch.Tensor, zeros: int, new: torch.Tensor,
     if not settings.cache_from_norm:
         return None
     total, n_new = inp.shape[2], new.shape[2]
-    start = max(zeros, total - CACHE_T)
-    if own:
-        start = max(start, total - n_new)
+    start = _cache_start(inp, zeros, n_new if own else None)
     if start < total - n_new:
         return None
     shape = list(new.shape)
