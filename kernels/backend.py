@@ -120,12 +120,36 @@ def recording_launches() -> Iterator[list]:
         _RECORDING.launches = previous
 
 
+def _unspecialized(kernel) -> frozenset:
+    """The names of ``kernel``'s parameters that Triton does not specialize on
+    (``do_not_specialize``), from the JIT function or, under the interpreter, its options."""
+    names = getattr(kernel, "do_not_specialize", None)
+    if names is None:
+        names = (getattr(kernel, "kwargs", None) or {}).get("do_not_specialize") or ()
+    arg_names = list(getattr(kernel, "arg_names", ()))
+    return frozenset(arg_names[n] if isinstance(n, int) and n < len(arg_names) else n
+                     for n in names)
+
+
+def _arg_class(a, specialized: bool):
+    if isinstance(a, torch.Tensor):
+        return str(a.dtype)
+    if specialized and type(a) is int:  # Triton: ``== 1`` and ``% 16 == 0`` are compile-time
+        return ("int", a == 1, a % 16 == 0)
+    return type(a).__name__
+
+
 def variant_key(launch_record) -> tuple:
     """What makes Triton compile a separate variant: the kernel, constexpr/option keywords,
-    and the dtypes of the tensor arguments (sizes are never specialized in this package)."""
+    the dtypes of the tensor arguments, and the ``== 1`` / ``% 16`` class of each int it
+    specializes on (sizes and flags are in the pack's ``do_not_specialize`` lists, so a value
+    change there is no new variant)."""
     kernel, _, args, kwargs = launch_record
-    dtypes = tuple(str(a.dtype) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
-    return (kernel, dtypes, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
+    free = _unspecialized(kernel)
+    names = list(getattr(kernel, "arg_names", ()))
+    classes = tuple(_arg_class(a, i >= len(names) or names[i] not in free)
+                    for i, a in enumerate(args))
+    return (kernel, classes, tuple(sorted((k, repr(v)) for k, v in kwargs.items())))
 
 
 def compile_launch(launch_record) -> None:

@@ -125,26 +125,27 @@ def bias_residual_add_(
     rows = out.numel() // c
     bias_arg = out if bias is None else bias.contiguous()
     res_arg = out if residual is None else residual
-    # Absent addends get ``out`` as a placeholder pointer; N_ADDENDS keeps it unread.
+    # Absent operands get ``out`` as a placeholder pointer; their flags keep it unread.
     a0, a1 = (tuple(addends) + (out, out))[:2]
     grid = (-(-rows // block_p),)  # host arithmetic (triton.cdiv is slow from Python)
     with on_device(out.device):
         launch(_bias_residual_add_kernel, grid,
             out, a0, a1, bias_arg, res_arg, rows,
-            C=c, BLOCK_P=block_p, BLOCK_C=block_c, N_ADDENDS=len(addends),
-            HAS_BIAS=bias is not None, HAS_RES=residual is not None,
-            num_warps=NUM_WARPS,
+            len(addends), int(bias is not None), int(residual is not None),
+            C=c, BLOCK_P=block_p, BLOCK_C=block_c, num_warps=NUM_WARPS,
         )
     return out
 
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["ROWS"])  # one compilation per (C, dtype, flags), any size
+    # One compilation per (C, dtypes), any size: which operands are present is a runtime flag
+    # (uniform branches, free in this memory-bound pass), not a variant per combination to
+    # compile at first decode (Wan 2.1 met 8 variants, 5 as flags).
+    @triton.jit(do_not_specialize=["ROWS", "n_addends", "has_bias", "has_res"])
     def _bias_residual_add_kernel(
-        out_ptr, a0_ptr, a1_ptr, bias_ptr, res_ptr, ROWS,
+        out_ptr, a0_ptr, a1_ptr, bias_ptr, res_ptr, ROWS, n_addends, has_bias, has_res,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
-        N_ADDENDS: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_RES: tl.constexpr,
     ):
         rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)[:, None]
         c = tl.arange(0, BLOCK_C)[None, :]
@@ -153,13 +154,13 @@ if triton is not None:
         offs = rows * C + c
         y = tl.load(out_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         # Addends share out's offsets (same strides, checked); the reference's order of adds.
-        if N_ADDENDS >= 1:
+        if n_addends >= 1:
             y += tl.load(a0_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if N_ADDENDS >= 2:
+        if n_addends >= 2:
             y += tl.load(a1_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        if HAS_BIAS:
+        if has_bias != 0:
             y += tl.load(bias_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        if HAS_RES:
+        if has_res != 0:
             y += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 

@@ -59,6 +59,9 @@ STATS_PROGRAMS_PER_SM = 4
 APPLY_TILE_ELEMENTS = 4096
 APPLY_PROGRAMS_PER_SM = 6
 FINALIZE_BLOCK_S = 512
+# The finalize pass's channel tile is at least this wide, so groups of up to 16 channels (every
+# KL VAE's 128-512 channels in 32 groups) share one compilation.
+FINALIZE_MIN_CPG = 16
 # A whole pixel's channels (rounded up to a power of two) must fit one tile row.
 MAX_BLOCK_C = 8192
 # Groups of a width that is not a power of two are combined through a [groups, channels] mask.
@@ -345,19 +348,20 @@ def group_norm_silu(
     with on_device(x.device):
         launch(_group_norm_finalize_kernel, (num_groups, n),
             part_mean, part_m2,
-            weight if weight is not None else scale,  # unused pointer when HAS_WEIGHT is off
-            bias if bias is not None else shift,
+            # An absent weight or bias is never read; its stand-in is one of the norm's own
+            # operands, so a pointer of another dtype makes no variant of its own.
+            weight if weight is not None else (bias if bias is not None else in_bias),
+            bias if bias is not None else (weight if weight is not None else in_bias),
             in_bias,
             scale, shift, hw, pix_per_program, splits, float(eps),
-            C=c, G=num_groups, CPG=cpg,
-            HAS_WEIGHT=weight is not None, HAS_BIAS=bias is not None,
-            HAS_IN_BIAS=True,
-            BLOCK_S=config.finalize_block_s, BLOCK_CPG=block_cpg,  # not sized to splits: one variant
+            c, num_groups, cpg, int(weight is not None), int(bias is not None),
+            # Not sized to splits or to narrow groups: one variant for every norm of a decoder.
+            BLOCK_S=config.finalize_block_s, BLOCK_CPG=max(block_cpg, FINALIZE_MIN_CPG),
             num_warps=config.finalize_warps,
         )
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
-            x, out, scale, shift, hw, apply_tiles_per_program,
-            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c), SILU=bool(silu),
+            x, out, scale, shift, hw, apply_tiles_per_program, int(bool(silu)),
+            C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c),
             num_warps=config.apply_warps,
         )
     return out
@@ -467,12 +471,13 @@ if triton is not None:
         tl.store(mean_ptr + out, mean_g, mask=g < G)
         tl.store(m2_ptr + out, m2_g, mask=g < G)
 
-    @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS"])
+    # A few microseconds per norm: its channel counts and affine flags are runtime values, so
+    # every norm of a decoder shares one compilation (a constexpr C cost SDXL three).
+    @triton.jit(do_not_specialize=["HW", "PIX_PER_PROGRAM", "SPLITS", "C", "G", "CPG",
+                                   "has_weight", "has_bias"])
     def _group_norm_finalize_kernel(
         mean_ptr, m2_ptr, w_ptr, b_ptr, in_bias_ptr, scale_ptr, shift_ptr,
-        HW, PIX_PER_PROGRAM, SPLITS, eps,
-        C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr,
-        HAS_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
+        HW, PIX_PER_PROGRAM, SPLITS, eps, C, G, CPG, has_weight, has_bias,
         BLOCK_S: tl.constexpr, BLOCK_CPG: tl.constexpr,
     ):
         g = tl.program_id(0)
@@ -506,20 +511,23 @@ if triton is not None:
         c = g * CPG + j
         ok = j < CPG
         scale = tl.zeros([BLOCK_CPG], dtype=tl.float32) + rstd
-        if HAS_WEIGHT:
+        if has_weight != 0:
             scale *= tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
         shift = -mean * scale
-        if HAS_BIAS:
+        if has_bias != 0:
             shift += tl.load(b_ptr + c, mask=ok, other=0.0).to(tl.float32)
-        if HAS_IN_BIAS:  # the apply pass reads x without it: (x + b) * scale = x * scale + b * scale
-            shift += tl.load(in_bias_ptr + c, mask=ok, other=0.0).to(tl.float32) * scale
+        # The input bias (a zero one where none was given): the apply pass reads x without it,
+        # (x + b) * scale = x * scale + b * scale.
+        shift += tl.load(in_bias_ptr + c, mask=ok, other=0.0).to(tl.float32) * scale
         tl.store(scale_ptr + n * C + c, scale, mask=ok)
         tl.store(shift_ptr + n * C + c, shift, mask=ok)
 
-    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM"])
+    # SiLU is a runtime flag (a uniform branch per tile): a norm without it (the attention's)
+    # shares its width's compilation.
+    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu"])
     def _group_norm_apply_kernel(
-        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM,
-        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, SILU: tl.constexpr,
+        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu,
+        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n = tl.program_id(1)
@@ -535,7 +543,7 @@ if triton is not None:
             mask = (p < HW - p0 - t * BLOCK_P) & c_ok
             x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
             y = x * scale + shift
-            if SILU:
+            if silu != 0:
                 y = y * tl.sigmoid(y)
             tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
             offs += BLOCK_P * C
