@@ -5,9 +5,9 @@ Triton compiles a kernel variant (one per constexpr set and dtype) the first tim
 An SDXL decode meets ~15 variants: compiled one after another inside the first decode they
 cost several seconds (8 s measured). Right before the first fused call of a model's first
 open-gate decode, every distinct fused module runs its fast path once on a tiny input with
-Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); the distinct
-variants are then compiled, each once, in a thread pool (ptxas, gcc and LLVM run outside the
-GIL). Variants depend on channel counts and dtype (sizes are never specialized; see the
+Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); each distinct
+variant is compiled once, in a thread pool that takes it as soon as its module has recorded it
+(ptxas, gcc and LLVM run outside the GIL, while later modules record). Variants depend on channel counts and dtype (sizes are never specialized; see the
 kernels' ``do_not_specialize``), and on the calls a module makes: a module whose calls differ
 with state or size warms up the way a decode calls it (a Wan residual block through a private
 frame cache; the Wan attention, whose row softmax tiles a whole frame, on the latent's frame
@@ -90,43 +90,50 @@ def warm_up(gate, x: object) -> None:
     jobs = _jobs(modules)
     if not jobs:
         return
-    start_compiler_key()  # (if install did not) hashed while step 1 runs
+    start_compiler_key()  # (if install did not) set up while the first modules record
     start = time.perf_counter()
     failures: list[str] = []
-    # 1. Learn the variants: each distinct module runs its fast path on a tiny input with
-    #    Triton launches recorded, not run (torch ops still run; outputs are garbage, dropped).
-    _FRAME.size = tuple(x.shape[-2:]) if x.dim() >= 4 else None
-    try:
-        with recording_launches() as recorded, torch.inference_mode():
-            for module in jobs:
-                try:
-                    module.prewarm(device, dtype)
-                except Exception as exc:  # best effort: the real call compiles it, or falls back
-                    failures.append(
-                        f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
-    finally:
-        _FRAME.size = None
-    variants = list({variant_key(r): r for r in recorded}.values())
 
-    # 2. Compile every variant once, in parallel (ptxas, gcc and LLVM run outside the GIL).
     def compile_one(record) -> None:
+        wait_compiler_key()  # driver set up and key hashed once, not by racing workers
         try:
             with on_device(device):
                 compile_launch(record)
         except Exception as exc:
             failures.append(f"{record[0]}: {type(exc).__name__}: {exc}".splitlines()[0])
 
-    if device.type == "cuda":
-        with on_device(device):  # set Triton's driver up on this thread before the workers race to
-            triton.runtime.driver.active.get_current_device()
-    wait_compiler_key()  # hashed once, not by every worker (``start_compiler_key``)
-    workers = min(MAX_WORKERS, os.cpu_count() or 1, len(variants))
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fvd-prewarm") as pool:
-            list(pool.map(compile_one, variants))
-    else:
-        for record in variants:
+    # Each distinct module runs its fast path on a tiny input with Triton launches recorded,
+    # not run (torch ops still run; outputs are garbage, dropped). A variant is handed to the
+    # compile pool as soon as a module has recorded it, so ptxas, gcc and LLVM (outside the
+    # GIL) work while later modules record.
+    variants: dict = {}
+    workers = min(MAX_WORKERS, os.cpu_count() or 1)
+    pool = (ThreadPoolExecutor(max_workers=workers, thread_name_prefix="fvd-prewarm")
+            if workers > 1 else None)
+    _FRAME.size = tuple(x.shape[-2:]) if x.dim() >= 4 else None
+    try:
+        with recording_launches() as recorded, torch.inference_mode():
+            for module in jobs:
+                seen = len(recorded)
+                try:
+                    module.prewarm(device, dtype)
+                except Exception as exc:  # best effort: the real call compiles it, or falls back
+                    failures.append(
+                        f"{type(module).__name__}: {type(exc).__name__}: {exc}".splitlines()[0])
+                for record in recorded[seen:]:
+                    key = variant_key(record)
+                    if key not in variants:
+                        variants[key] = record
+                        if pool is not None:
+                            pool.submit(compile_one, record)
+    finally:
+        _FRAME.size = None
+        if pool is not None:
+            pool.shutdown(wait=True)
+    if pool is None:
+        for record in variants.values():
             compile_one(record)
+    wait_compiler_key()  # (with no variant to compile) the decode's launches find it set up
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     ms = (time.perf_counter() - start) * 1e3

@@ -52,15 +52,24 @@ def on_device(device: torch.device):
     return contextlib.nullcontext()
 
 
-# --- the compiler's own cache key, hashed once ahead of the warm-up ----------------------------
+# --- Triton's driver and its compiler's cache key, set up once ahead of the warm-up -------------
 
-# Every Triton compile keys its cache on a hash of Triton itself (``triton_key``: SHA-256 of the
-# compiler's Python files and of libtriton, ~500 MB). It is cached per process but not locked,
-# so the warm-up's compile threads, starting together, each hash the library in full (on the
-# H200 host 16 of them sat in it at once). Hashed once on a thread of its own while the decode
-# is being set up, they find it ready.
+# Two one-time costs every first compile waits on, both mostly outside the GIL, so one thread
+# of their own takes them while the model loads and the warm-up's first modules record:
+# - Triton's driver: its first use builds and loads a C helper module (gcc; 0.3-0.9 s on the
+#   H200 host with an empty Triton cache: the warm-up's timeline had it before any module).
+# - The compiler's cache key (``triton_key``: SHA-256 of Triton's Python files and of
+#   libtriton, ~500 MB). Cached per process but not locked: compile threads starting together
+#   each hashed the library in full (on the H200 host 16 of them sat in it at once).
 _COMPILER_KEY: dict[str, threading.Thread] = {}
 _COMPILER_KEY_LOCK = threading.Lock()
+
+
+def _set_up_driver() -> None:
+    try:
+        triton.runtime.driver.active.get_current_device()
+    except Exception:  # best effort: the first launch sets it up (or fails) as without this
+        pass
 
 
 def _hash_compiler() -> None:
@@ -71,20 +80,28 @@ def _hash_compiler() -> None:
         pass
 
 
+def _set_up_compiler() -> None:
+    _set_up_driver()
+    _hash_compiler()
+
+
 def start_compiler_key() -> None:
-    """Start hashing Triton's own cache key in the background, once per process (a no-op
-    without Triton or under the interpreter, which compiles nothing)."""
+    """Start setting up Triton's driver and hashing its compiler's cache key in the
+    background, once per process (a no-op without Triton or under the interpreter, which
+    compiles nothing). Call it only where a GPU is there to compile for."""
     if triton is None or interpreting():
         return
     with _COMPILER_KEY_LOCK:
         if "thread" not in _COMPILER_KEY:
-            thread = threading.Thread(target=_hash_compiler, name="fvd-compiler-key", daemon=True)
+            thread = threading.Thread(target=_set_up_compiler, name="fvd-compiler-key",
+                                      daemon=True)
             _COMPILER_KEY["thread"] = thread
             thread.start()
 
 
 def wait_compiler_key() -> None:
-    """Make sure the key is hashed (started here if it was not) before compile threads start."""
+    """Make sure the driver is set up and the key hashed (started here if it was not): every
+    compile waits on this first, so no two threads set the driver up or hash at once."""
     start_compiler_key()
     thread = _COMPILER_KEY.get("thread")
     if thread is not None:
