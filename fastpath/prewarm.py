@@ -5,13 +5,14 @@ Triton compiles a kernel variant (one per constexpr set and dtype) the first tim
 An SDXL decode meets ~15 variants: compiled one after another inside the first decode they
 cost several seconds (8 s measured). Right before the first fused call of a model's first
 open-gate decode, every distinct fused module runs its fast path once on a tiny input with
-Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); each distinct
-variant is compiled once, in a thread pool that takes it as soon as its module has recorded it
-(ptxas, gcc and LLVM run outside the GIL, while later modules record). Variants depend on channel counts and dtype (sizes are never specialized; see the
-kernels' ``do_not_specialize``), and on the calls a module makes: a module whose calls differ
-with state or size warms up the way a decode calls it (a Wan residual block through a private
-frame cache; the Wan attention, whose row softmax tiles a whole frame, on the latent's frame
-size, ``frame_hint``). So the real decode finds them all compiled.
+Triton launches *recorded* instead of run (``kernels.backend.recording_launches``); each
+distinct variant is compiled once, in a thread pool that takes it as soon as its module has
+recorded it (ptxas, gcc and LLVM run outside the GIL, while later modules record). Variants
+depend on channel counts, dtype and some operand flags (sizes are never specialized; see the
+kernels' ``do_not_specialize`` and ``variant_key``), and on the calls a module makes: a module
+whose calls differ with state or size warms up the way a decode calls it (a Wan residual block
+through a private frame cache; the Wan attention, whose row softmax tiles a whole frame, on the
+latent's frame size, ``frame_hint``). So the real decode finds them all compiled.
 
 Warm-up is best effort and has no effect on results: a module that declines its warm-up input
 or raises, or a variant that fails to compile, is skipped (it then compiles on first use, as

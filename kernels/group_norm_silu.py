@@ -24,8 +24,9 @@ scale)`` pass 2 folds it into the shift, so pass 3 is unchanged. A conv whose ou
 this norm then needs no bias pass of its own (one read and one write of x fewer), and the sum
 is not rounded to x.dtype before its statistics (closer to fp32 than adding first). A norm
 without one is launched with a cached zero bias of x's dtype (``_zero_bias``): x + 0 is x (up to
-the sign of a zero), and the statistics and finalize passes then compile once per channel count
-instead of once with and once without (SDXL's warm-up: 22 variants to 16).
+the sign of a zero), and the statistics pass then compiles once per channel count instead of
+once with and once without (SDXL's warm-up: 22 variants to 16; the finalize pass, whose channel
+counts and affine flags are runtime values, compiles once for all of them: 13).
 
 A residual add handed over (``add_bias_residual_group_stats_``): in a ResnetBlock the sum
 ``out + bias + residual`` is both the next block's residual and the next GroupNorm's input, so
