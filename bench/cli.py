@@ -267,6 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "bias + residual epilogue, with genstats, with a norm+SiLU prologue, "
                             "against the conv and the pack's pass (needs the optional "
                             "nvidia-cudnn-frontend)")
+    convs.add_argument("--gemm-bound", action="store_true",
+                       help="also time a cuBLAS GEMM of each conv's own M x N x K: the most an "
+                            "implicit-GEMM conv from any library reaches without fusion "
+                            "(bench/gemm_bound.py)")
     convs.add_argument("--comfyui", default=None, metavar="PATH",
                        help="a ComfyUI tree, for cases whose convs are recorded from one fused "
                             "decode on ComfyUI's own model (LTX-2)")
@@ -434,6 +438,8 @@ def _convs(args) -> int:
         reason = "--shapes-only times nothing" if args.shapes_only else unavailable_reason()
         if reason is not None:
             raise UsageError(f"--cudnn-graph: {reason}")
+    if args.gemm_bound and args.shapes_only:
+        raise UsageError("--gemm-bound: --shapes-only times nothing")
     recorded = [c.name for c in cases if convs.recorded(c)]
     if recorded and args.comfyui is None:
         raise UsageError(f"--cases {','.join(recorded)}: their convs are recorded from a fused "
@@ -459,6 +465,12 @@ def _convs(args) -> int:
 
         cudnn_graph.time_graphs(results, log=lambda line: print(line, flush=True))
         print(cudnn_graph.graph_markdown(results), flush=True)
+    if args.gemm_bound:
+        from . import gemm_bound
+
+        gemm_bound.time_gemms(results, repeats=args.repeats,
+                              log=lambda line: print(line, flush=True))
+        print(gemm_bound.gemm_markdown(results), flush=True)
     if args.json_path:
         convs.write_json(args.json_path, results, convs.environment())
     return 0

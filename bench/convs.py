@@ -257,6 +257,8 @@ class ConvResult:
     triton_max_error: float | None = None  # |triton - cuDNN + bias| / max|ref|, as a check
     note: str | None = None
     cudnn_graph: dict = field(default_factory=dict)  # ``convs --cudnn-graph`` (bench.cudnn_graph)
+    gemm_ms: float | None = None  # ``convs --gemm-bound``: the GEMM of its dims (bench.gemm_bound)
+    gemm_note: str | None = None  # why that GEMM was not timed
 
     @property
     def gflop(self) -> float:
@@ -295,7 +297,8 @@ def from_json(data: dict) -> tuple[dict, list[ConvResult]]:
         results.append(ConvResult(shape, row["calls"], row.get("cudnn_ms"), row.get("triton_ms"),
                                   row.get("triton_config"), row.get("triton_ms_by_config") or {},
                                   row.get("triton_max_error"), row.get("note"),
-                                  row.get("cudnn_graph") or {}))
+                                  row.get("cudnn_graph") or {}, row.get("gemm_ms"),
+                                  row.get("gemm_note")))
     return data.get("env", {}), results
 
 

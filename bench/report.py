@@ -68,7 +68,7 @@ def convs_section(env: dict, results) -> list[str]:
             "`narrow_conv` where few outputs share the taps), the fastest variant tried named "
             "in the last column. "
             "Median of the timed calls (CUDA events)" + (f"; {where}." if where else "."), "",
-            convs_markdown(results), ""] + _graph_section(results)
+            convs_markdown(results), ""] + _graph_section(results) + _gemm_section(results)
 
 
 def _graph_section(results) -> list[str]:
@@ -82,6 +82,19 @@ def _graph_section(results) -> list[str]:
             "norm's statistics) against cuDNN graphs of the same conv: alone, with the bias + "
             "residual epilogue, with `genstats`, and with GroupNorm's apply + SiLU as its "
             "prologue (`bench/cudnn_graph.py`).", "", graph_markdown(results), ""]
+
+
+def _gemm_section(results) -> list[str]:
+    """``convs --gemm-bound``'s table, where the run made one."""
+    from .gemm_bound import gemm_markdown
+
+    if not any(r.gemm_ms is not None or r.gemm_note for r in results):
+        return []
+    return ["### Each conv's own matrix product on cuBLAS", "",
+            "cuDNN's conv against a dense bf16 GEMM of the same M x N x K (`torch.mm`): the most "
+            "an implicit-GEMM conv from any library reaches without fusing other work into it, "
+            "where the product is compute-bound (`bench/gemm_bound.py`).", "",
+            gemm_markdown(results), ""]
 
 
 def report_markdown(env: dict, results: list[CaseResult], plots: dict[str, str],
