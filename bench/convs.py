@@ -72,6 +72,11 @@ class ConvShape:
         return 2 * self.input[1] * self.cout * taps * math.prod(self.output[2:]) * self.input[0]
 
     @property
+    def kernel_text(self) -> str:
+        """The kernel as the tables print it (the folded upsample: its 4x4 stride-2 conv)."""
+        return "4x4/2" if self.route == "transposed" else "x".join(map(str, self.kernel))
+
+    @property
     def label(self) -> str:
         k = "x".join(map(str, (4, 4) if self.route == "transposed" else self.kernel))
         return f"{self.kind} {'x'.join(map(str, self.input))} -> {self.cout} k{k}"
@@ -315,7 +320,7 @@ def convs_markdown(results: list[ConvResult]) -> str:
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         s = r.shape
-        kernel = "4x4/2" if s.route == "transposed" else "x".join(map(str, s.kernel))
+        kernel = s.kernel_text
         calls = ", ".join(str(r.calls.get(c, 0)) for c in cases)
         out.append(
             f"| {s.kind} | {'x'.join(map(str, s.input))} | {s.cout} | {kernel} | {s.route} "

@@ -67,10 +67,9 @@ def gemm_markdown(results: list[ConvResult]) -> str:
     for r in rows:
         s = r.shape
         m, n, k = gemm_dims(s)
-        kernel = "4x4/2" if s.route == "transposed" else "x".join(map(str, s.kernel))
         ratio = (f"{r.cudnn_ms / r.gemm_ms:.2f}x" if r.gemm_ms and r.cudnn_ms
                  else (r.gemm_note or "—"))
-        out.append(f"| {s.kind} | {'x'.join(map(str, s.input))} | {s.cout} | {kernel} "
+        out.append(f"| {s.kind} | {'x'.join(map(str, s.input))} | {s.cout} | {s.kernel_text} "
                    f"| {sum(r.calls.values())} | {m}x{n}x{k} | {_fmt(r.cudnn_ms)} "
                    f"| {_fmt(r.tflops(s.flops, r.cudnn_ms), 0)} | {_fmt(r.gemm_ms)} "
                    f"| {_fmt(r.tflops(s.flops, r.gemm_ms), 0)} | {ratio} |")
