@@ -11,9 +11,11 @@ WEB_DIRECTORY = "./web"
 
 
 async def comfy_entrypoint():
-    """ComfyUI's V3 entry point; the node layer imports ``comfy_api`` only from here."""
-    from .nodes.extension import FastVAEDecodeExtension
+    """ComfyUI's V3 entry point, called once at start-up by every tree's loader; the node layer
+    imports ``comfy_api`` only from here."""
+    from .nodes.extension import FastVAEDecodeExtension, start_background_setup
 
+    start_background_setup()
     return FastVAEDecodeExtension()
 
 

@@ -70,6 +70,11 @@ def setup_comfyui(path: pathlib.Path,
         import nodes
     finally:
         sys.argv = saved_argv
+    # ComfyUI's start-up loads custom nodes, and the pack's entry point then starts Triton's
+    # set-up; the bench imports the pack directly, so it does the same at the same moment.
+    from ..nodes.extension import start_background_setup
+
+    start_background_setup()
     return nodes
 
 

@@ -109,3 +109,29 @@ def test_unload_all_models_fires_the_hook(pack, vaes):
         _stock(vae, z)  # loads the patcher so ComfyUI knows the model is loaded
     mm.unload_all_models()
     assert "_fvd_cache" not in fused.__dict__
+
+
+def test_start_up_sets_triton_up_only_for_a_cuda_device(pack, monkeypatch):
+    """ComfyUI's loader calls the pack's entry point at start-up; Triton's driver and key are
+    set up then, on the device ComfyUI decodes on, and never for a CPU ComfyUI."""
+    import comfy.model_management as mm
+
+    from support.comfy_env import pack_module
+
+    backend, extension = pack_module("kernels.backend"), pack_module("nodes.extension")
+    if backend.triton is None:
+        pytest.skip("needs Triton")
+    if mm.get_torch_device().type == "cpu":  # what the loader's own call found here
+        assert "thread" not in backend._COMPILER_KEY
+    calls = []
+    monkeypatch.setattr(backend, "_COMPILER_KEY", {})
+    monkeypatch.setattr(backend, "_set_up_compiler", lambda: calls.append("set up"))
+    monkeypatch.setattr(backend, "interpreting", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cpu"))
+    extension.start_background_setup()
+    assert calls == [] and backend._COMPILER_KEY == {}
+    monkeypatch.setattr(mm, "get_torch_device", lambda: torch.device("cuda", 0))
+    extension.start_background_setup()
+    backend._COMPILER_KEY["thread"].join()
+    assert calls == ["set up"]

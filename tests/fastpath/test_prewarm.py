@@ -202,6 +202,23 @@ def test_install_starts_hashing_the_key_only_on_a_cuda_host(compiler_key, monkey
     assert calls == (["driver", 1] if cuda else []) and ("thread" in backend._COMPILER_KEY) == cuda
 
 
+@pytest.mark.parametrize("device, cuda, started", [
+    ("cuda", True, True),
+    ("cpu", True, False),  # ComfyUI on the CPU (--cpu) on a GPU host: no CUDA context for it
+    ("cuda", False, False),
+])
+def test_start_up_sets_triton_up_only_for_a_cuda_decode_device(compiler_key, monkeypatch, device,
+                                                                cuda, started):
+    from fast_vae_decode.fastpath.prewarm import start_triton_setup
+
+    backend, calls = compiler_key
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    assert start_triton_setup(torch.device(device)) is started
+    if started:
+        backend._COMPILER_KEY["thread"].join()
+    assert calls == (["driver", 1] if started else []) and ("thread" in backend._COMPILER_KEY) == started
+
+
 def test_the_interpreter_never_hashes_the_key(compiler_key, monkeypatch):
     backend, calls = compiler_key
     monkeypatch.setattr(backend, "interpreting", lambda: True)
