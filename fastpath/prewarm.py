@@ -54,10 +54,10 @@ _LOCK = threading.Lock()
 def start_triton_setup(device: torch.device) -> bool:
     """At start-up, for the device ComfyUI will decode on: set Triton's driver up and hash its
     compiler's key on a thread of their own, so the first fast decode (usually long after
-    start-up) waits on neither. In a fresh process with an empty Triton cache they are 0.3-0.9
-    s of work that install started only as the first decode began: Wan 2.2's first decode
-    waited 0.82 s for them (H200, 0.33). Only a CUDA device with Triton; True if started."""
-    if device.type not in ("cuda",) or triton is None or not torch.cuda.is_available():
+    start-up) waits on neither. In a fresh process with an empty Triton cache they take
+    0.3-0.9 s; started at install, as the first decode began, they held Wan 2.2's first decode
+    up by 0.82 s (H200, 0.33). Only a CUDA device with Triton; True if started."""
+    if device.type != "cuda" or triton is None or not torch.cuda.is_available():
         return False
     start_compiler_key()
     return True
