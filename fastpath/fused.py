@@ -40,6 +40,11 @@ class FusedModule:
     def prewarm_channels(self) -> int | None:
         return None
 
+    def prewarm_first(self) -> bool:
+        """Whether this module records ahead of the others: one that launches a kernel built
+        on ``tl.dot`` (the pack's own convs), whose compile is the longest of a warm-up."""
+        return False
+
     def prewarm_key(self):
         if self.prewarm_channels() is None:
             return None

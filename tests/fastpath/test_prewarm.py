@@ -286,3 +286,20 @@ def test_compiles_start_while_later_modules_still_record(monkeypatch):
     install_fast_path(model)
     _decode(model, _latent(), True)
     assert seen_while_recording == [True]
+
+
+@pytest.mark.parametrize("kind", ["wan21", "wan22"])
+def test_the_pack_conv_of_the_wan_head_is_compiled_first(cpu_warmup, monkeypatch, kind):
+    """The head conv leaves cuDNN for the pack's implicit-GEMM conv, the longest compile of a
+    Wan warm-up: its module records first, so its variants reach the pool before the rest
+    (recorded in decoder order it was handed over last, and the warm-up waited on it)."""
+    compiled = []
+    monkeypatch.setattr(prewarm, "compile_launch", compiled.append)
+    model = tiny_wan(kind).to(torch.bfloat16)  # the pack's convs take bf16 / fp16 only
+    install_fast_path(model)
+    z = wan_latent((1, 4 if kind == "wan21" else 8, 3, 4, 6), dtype=torch.bfloat16)
+    with torch.inference_mode(), gate_for(model).opened(True):
+        model.decode(z)
+    names = [record[0].fn.__name__ for record in compiled]
+    assert "_implicit_gemm_conv_kernel" in names
+    assert names[0] == "_implicit_gemm_conv_kernel", names

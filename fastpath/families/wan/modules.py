@@ -30,6 +30,7 @@ from ....kernels.vae_attention import attention_chunked
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN
 from ...comfyui.weights import bias_of, is_stable, weight_of
+from ...conv_routes import CUDNN, conv_route
 from ...fused import FusedModule
 from ...prewarm import frame_hint
 from ...reasons import first_reason, input_reason
@@ -187,6 +188,9 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
         # Every causal conv launches Triton: a routed one (``conv_routes``: the head) its conv,
         # one left on cuDNN the pass that adds its bias (``add_parts``).
         return self.in_channels
+
+    def prewarm_first(self):
+        return conv_route(self.out_channels, tuple(self.kernel_size)) != CUDNN
 
     def prewarm(self, device, dtype):
         """A chunk of several frames (every temporal tap, the routed kernel) and the first
