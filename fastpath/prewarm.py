@@ -74,16 +74,16 @@ def tiny_input(channels: int, rank: int, device: torch.device, dtype: torch.dtyp
 
 def _jobs(modules) -> list:
     """One module per distinct ``prewarm_key``, those that ``prewarm_first`` first: compiles
-    start in recording order, and the warm-up ends with the longest compile. Recorded last
-    (the decoder's order), Wan 2.2's head conv handed its 1.39 s implicit-GEMM compile to the
-    pool at 1.38 s, so the warm-up ended at 2.86 s (H200, 0.33, 16 threads, d9b16e7)."""
+    start in recording order, so the longest must not be recorded late. Recorded last, Wan
+    2.2's head conv handed its 1.39 s implicit-GEMM compile to the pool at 1.38 s and the
+    warm-up ended at 2.86 s; recorded first, 1.36-1.79 s (H200, 0.33, 16 threads)."""
     seen, jobs = set(), []
     for m in list(modules):
         key = m.prewarm_key()
         if key is not None and key not in seen:
             seen.add(key)
             jobs.append(m)
-    return sorted(jobs, key=lambda m: not m.prewarm_first())  # stable: decoder order otherwise
+    return sorted(jobs, key=lambda m: not m.prewarm_first())  # stable: the rest keep their order
 
 
 _FRAME = threading.local()
