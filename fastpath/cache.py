@@ -23,6 +23,32 @@ import torch
 _ATTR = "_fvd_cache"
 _HOOKED = "_fvd_cache_load_hook"
 
+# Bumped whenever a kept value is built or dropped anywhere: a CUDA graph (``cuda_graph.py``)
+# reads the folds at the addresses they had when it was captured, and is replayed only while
+# this is what it was then.
+_GENERATION = [0]
+
+
+def generation() -> int:
+    return _GENERATION[0]
+
+
+def _bump() -> None:
+    _GENERATION[0] += 1
+
+
+def _drop_store(module: torch.nn.Module) -> int:
+    """Drop ``module``'s kept values; a value with a ``forget()`` (a graph set) is told first."""
+    store = module.__dict__.pop(_ATTR, None)
+    if not store:
+        return 0
+    _bump()
+    for entry in store.values():
+        forget = getattr(entry[1], "forget", None)
+        if callable(forget):
+            forget()
+    return len(store)
+
 
 def _fingerprint(t: torch.Tensor | None) -> tuple:
     if t is None:
@@ -41,7 +67,7 @@ def _same_objects(refs: tuple, sources: tuple) -> bool:
 def _drop_after_load(module: torch.nn.Module, incompatible_keys) -> None:
     # Runs after the module's whole subtree took its new values (torch calls post-hooks after
     # the children), so every source of this module's folds may have changed.
-    module.__dict__.pop(_ATTR, None)
+    _drop_store(module)
 
 
 def _hook_state_dict_loads(module: torch.nn.Module) -> None:
@@ -61,8 +87,8 @@ def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[
     """
     if not keep:
         store = module.__dict__.get(_ATTR)
-        if store is not None:
-            store.pop(name, None)
+        if store is not None and store.pop(name, None) is not None:
+            _bump()
         return build()
     store = module.__dict__.get(_ATTR)
     if store is None:
@@ -73,10 +99,29 @@ def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[
     if hit is not None and hit[0] == key and _same_objects(hit[2], sources):
         return hit[1]
     store.pop(name, None)  # free the stale copy before building the new one
+    _bump()
     value = build()
     refs = tuple(None if t is None else weakref.ref(t) for t in sources)
     store[name] = (key, value, refs)
     return value
+
+
+def kept(module: torch.nn.Module, name: str, make: Callable[[], object]) -> object:
+    """A value kept with ``module``'s folds (dropped with them) that checks its own validity
+    (``cuda_graph``'s graph set); made once."""
+    store = module.__dict__.get(_ATTR)
+    if store is None:
+        _hook_state_dict_loads(module)
+        store = module.__dict__[_ATTR] = {}
+    entry = store.get(name)
+    if entry is None:
+        entry = store[name] = (None, make(), ())
+    return entry[1]
+
+
+def kept_values(model: torch.nn.Module, name: str) -> list:
+    return [m.__dict__[_ATTR][name][1] for m in model.modules()
+            if name in m.__dict__.get(_ATTR, {})]
 
 
 def cache_bytes(model: torch.nn.Module) -> int:
@@ -93,9 +138,4 @@ def cache_bytes(model: torch.nn.Module) -> int:
 
 def drop_fast_path_caches(model: torch.nn.Module) -> int:
     """Drop every lazily built fast-path buffer under ``model``; returns how many were dropped."""
-    dropped = 0
-    for m in model.modules():
-        store = m.__dict__.pop(_ATTR, None)
-        if store:
-            dropped += len(store)
-    return dropped
+    return sum(_drop_store(m) for m in model.modules())

@@ -50,6 +50,15 @@ def test_main_py_defaults_run_fused_exact_and_free_on_unload(arch):
     assert result["high_path"] == "high" and "stock calls" not in result["high_text"], result
     assert result["high_finite"] and result["psnr_vs_stock"] > 35, result
     assert result["cache_bytes_unloaded"] == 0, result
+    _graph_replayed(arch, result)
+
+
+def _graph_replayed(arch: str, result: dict) -> None:
+    """A KL image decoder replays a CUDA graph from its third high decode, exactly the eager
+    decode's output, and gives the graph's pool back on unload."""
+    assert result["high_again_equal"] == [True, True], result
+    assert (result["graph_bytes_loaded"] > 0) == (arch == "sdxl"), result
+    assert result["graph_bytes_unloaded"] == 0, result
 
 
 def test_legacy_loader_flag_runs_fused_too():
@@ -60,3 +69,4 @@ def test_legacy_loader_flag_runs_fused_too():
     assert result["lossless_equal"] and result["high_path"] == "high", result
     assert result["pack_loads"] == 3, result
     assert "stock calls" not in result["high_text"] and result["cache_bytes_unloaded"] == 0, result
+    _graph_replayed("sdxl", result)

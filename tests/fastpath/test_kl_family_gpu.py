@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from fast_vae_decode.fastpath import install
+from fast_vae_decode.fastpath import cache, install
 
 diffusers = pytest.importorskip("diffusers")
 from support.kl_models import _config, _decode, _init_, _latent  # noqa: E402
@@ -71,3 +71,29 @@ def test_full_size_residual_norm_stats_change_no_bit(arch, monkeypatch):
         outs[value], stats = _decode(model, z, is_open=True)
         assert stats.fallbacks == {}
     assert torch.equal(outs[True], outs[False])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("arch", sorted(FULL))
+def test_full_size_graph_replay_is_the_eager_decode(arch, monkeypatch):
+    """From the third high decode of a shape on, the decoder replays a CUDA graph: bit for bit
+    the eager fast decode of the same latent, the same fused calls, its pool counted."""
+    from fast_vae_decode.fastpath.cuda_graph import graph_bytes
+    from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+
+    config = _config(**FULL[arch])
+    config["layers_per_block"] = 2
+    model = _init_(diffusers.AutoencoderKL(**config), 0).to("cuda", torch.bfloat16)
+    report = install.install_fast_path(model)
+    shape = (1, FULL[arch]["latent"], 128, 128)
+    latents = [_latent(shape, seed=s, device="cuda", dtype=torch.bfloat16) for s in (1, 2, 3)]
+    monkeypatch.setattr(kl_settings.settings, "cuda_graphs", False)
+    eager = [_decode(model, z, is_open=True)[0] for z in latents]
+    monkeypatch.setattr(kl_settings.settings, "cuda_graphs", True)
+    for i, z in enumerate(latents + latents[:1]):  # eager, capture, replay, replay
+        out, stats = _decode(model, z, is_open=True)
+        assert stats.fallbacks == {} and stats.fused_calls == report.fused
+        assert torch.equal(out, eager[i % 3]), i
+    assert graph_bytes(model) > 0
+    cache.drop_fast_path_caches(model)
+    assert graph_bytes(model) == 0

@@ -12,10 +12,13 @@ attention after each when the level has any, then the upsample), norm + SiLU, co
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ....kernels.group_norm_silu import GROUP_NORM_SILU
 from ...comfyui.weights import bias_of, weights_for_call
+from ...cuda_graph import graphed_call
 from ...fused import FusedModule
 from ...prewarm import tiny_input
 from ...reasons import input_reason
@@ -91,6 +94,12 @@ class _FusedDecoder(FusedModule):
             routed_conv2d(conv_out, tiny_input(conv_out.in_channels, 4, device, dtype))
 
     def fast_forward(self, z, *args, **kwargs):
+        if not settings.cuda_graphs:
+            return self._decode(z)
+        # Everything in the settings may change which kernels the decode launches.
+        return graphed_call(self, z, self._decode, dataclasses.astuple(settings))
+
+    def _decode(self, z: torch.Tensor) -> torch.Tensor:
         conv_in, norm_out, conv_out = self._ends()
         with cudnn_benchmark_for(z), channels_last_decode():
             h = to_channels_last(conv2d(conv_in, _conv_in_layout(z), use_bias=False))

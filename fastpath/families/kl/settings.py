@@ -69,6 +69,10 @@ class KLSettings:
     # Interleaved against off, 15 rounds (docs/benchmark/6fe596f/interleave.md), 0.33 / 0.8:
     # SDXL 1024² -0.6 / -2.1%, Flux -0.9 / -1.1%, SD1.5 768x512 batch 4 +0.3 / -1.1%.
     channels_last_weights: bool = True
+    # The fast decode replayed from a CUDA graph once a shape has been decoded eagerly
+    # (``fastpath.cuda_graph``: one launch instead of ~600, so the GPU does not wait on the
+    # host between kernels at the small stages).
+    cuda_graphs: bool = True
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
     # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under

@@ -1,0 +1,277 @@
+"""A fused decoder's fast path replayed as one CUDA graph, where the host is the limit.
+
+Eagerly, an image decode is ~600 launches issued from Python, and at the small stages the GPU
+finishes each kernel before the host has issued the next (SDXL 1024² on an H200: 17.5 ms of
+GPU work, 21-29 ms end to end). Once a decoder has run eagerly on an input shape (folds built,
+Triton kernels compiled), its next fast decode of that shape with the same weights is captured
+into a CUDA graph, and every later one replays it: one launch, the GPU never waits on Python.
+
+Invariants:
+- A graph reads the addresses it was captured with. Before a replay every module's weights are
+  fetched (ComfyUI's own cast, outside the graph) and must be the very tensors fetched before
+  the capture (``data_ptr``), and no fold may have been built or dropped anywhere since
+  (``cache.generation``); otherwise the decode runs eagerly and a later one captures again.
+- Nothing is built inside a capture (a capture records launches, it runs nothing, so a fold
+  built there would hold garbage): a key is captured only after an eager decode with the same
+  key, weights and fold generation, and a capture that changed the generation is not used.
+- The whole decoder ran fused: a module on its stock path fetches its own weights inside the
+  capture, so a capture with any fallback is not used.
+- Memory: a decoder's graphs share one private pool that keeps the decode's activations
+  between decodes; a graph is kept only while that pool is at most ``MAX_POOL_FRACTION`` of
+  the device, and it goes with the folds when ComfyUI unloads the model (``_fvd_cache``).
+- Never for lossless (its gate is closed), never under ComfyUI's ``--disable-cuda-graphs``.
+"""
+from __future__ import annotations
+
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .cache import generation, kept, kept_values
+from .comfyui.flags import cuda_graphs_disabled
+from .comfyui.weights import fetch_reason, is_stable, weight_of, weights_for_call
+from .log import log_once
+
+# A decoder's graphs share one pool, so two shapes (a tiled decode's full and edge tiles, the
+# last batch slice) cost about one decode's activations, not two.
+MAX_GRAPHS = 2
+# The pool is memory ComfyUI's estimates count as free; kept small against the device
+# (an H200's 1/16 is 8.8 GB; a 24 GB card's 1.5 GB, about one SDXL 1024² decode).
+MAX_POOL_FRACTION = 1 / 16
+_ENTRY = "cuda_graphs"
+
+Run = Callable[[torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class _Captured:
+    graph: object
+    static_in: torch.Tensor
+    static_out: torch.Tensor
+    weights: tuple
+    generation: int
+    fused_calls: int  # fused calls inside the decoder one replay stands for
+
+
+@dataclass
+class _Graphs:
+    """One decoder's graphs and the eager decodes that may be captured next."""
+
+    pool: object = None
+    pool_bytes: int = 0
+    captured: "OrderedDict[tuple, _Captured]" = field(default_factory=OrderedDict)
+    seen: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)  # key -> (weights, gen)
+    refused: set = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    # A copied model gets no graphs: they read the original's weights and folds.
+    def __deepcopy__(self, memo) -> "_Graphs":
+        return _Graphs()
+
+    def __reduce__(self):
+        return (_Graphs, ())
+
+    def forget(self) -> None:
+        for entry in self.captured.values():
+            _reset(entry.graph)
+        self.captured.clear()
+        self.seen.clear()
+        self.pool, self.pool_bytes = None, 0
+
+
+def _reset(graph) -> None:
+    reset = getattr(graph, "reset", None)
+    if reset is not None:
+        # Tensors captured in the pool are freed after their graph: torch warns about it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            reset()
+
+
+class CudaGraphs:
+    """The backend: torch's CUDA graphs. Tier-1 tests swap in a CPU stand-in."""
+
+    def usable(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and not torch.cuda.is_current_stream_capturing()
+
+    def new_pool(self, device: torch.device):
+        return torch.cuda.graph_pool_handle()
+
+    def capture(self, run: Run, static_in: torch.Tensor, pool) -> tuple[object, torch.Tensor, int]:
+        """(graph, its output, bytes its pool grew by)."""
+        device = static_in.device
+        torch.cuda.synchronize(device)
+        reserved = torch.cuda.memory_reserved(device)
+        graph = torch.cuda.CUDAGraph()
+        stream = _capture_stream(device)
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            # thread_local: ComfyUI's other threads may touch CUDA while this one captures.
+            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+            try:
+                out = run(static_in)
+            finally:
+                graph.capture_end()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        return graph, out, max(0, torch.cuda.memory_reserved(device) - reserved)
+
+    def pool_budget(self, device: torch.device) -> int:
+        return int(torch.cuda.get_device_properties(device).total_memory * MAX_POOL_FRACTION)
+
+
+_STREAMS: dict = {}
+
+
+def _capture_stream(device: torch.device):
+    stream = _STREAMS.get(device)
+    if stream is None:
+        stream = _STREAMS[device] = torch.cuda.Stream(device=device)
+    return stream
+
+
+BACKEND = CudaGraphs()
+
+
+def graph_bytes(model: torch.nn.Module) -> int:
+    """Bytes the CUDA-graph pools under ``model`` hold between decodes."""
+    return sum(graphs.pool_bytes for graphs in kept_values(model, _ENTRY))
+
+
+def _weights(module: torch.nn.Module, x: torch.Tensor) -> tuple | None:
+    """Fetch every weight under ``module`` into the open scope; their addresses, or None when
+    any module cannot be fetched as stable (streamed, cast per call, patched)."""
+    fingerprint = []
+    for m in module.modules():
+        if not m._parameters:
+            continue
+        if fetch_reason(m, x) is not None:
+            return None
+        for name in m._parameters:
+            t = weight_of(m, name)
+            fingerprint.append(None if t is None else t.data_ptr())
+    return tuple(fingerprint)
+
+
+def _stable(module: torch.nn.Module) -> bool:
+    return all(is_stable(m) for m in module.modules() if m._parameters)
+
+
+def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple) -> torch.Tensor:
+    """``run(x)`` (a fused decoder's whole fast path), replayed from a CUDA graph where it can be.
+
+    ``key`` holds whatever besides ``x``'s shape, dtype and device decides which kernels
+    ``run`` launches (the family's settings).
+    """
+    gate = module._fvd_gate
+    if (not BACKEND.usable(x) or cuda_graphs_disabled() or gate is None
+            or gate.prewarm_modules is not None or torch.compiler.is_compiling()):
+        return run(x)
+    state = kept(module, _ENTRY, _Graphs)
+    if not state.lock.acquire(blocking=False):  # another thread is replaying this decoder
+        return run(x)
+    try:
+        return _call(state, module, gate, x, run, (tuple(x.shape), x.dtype, x.device) + key)
+    finally:
+        state.lock.release()
+
+
+def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor:
+    with weights_for_call():
+        weights = _weights(module, x)
+        if weights is not None and _stable(module):
+            out = _replay_or_capture(state, module, gate, x, run, key, weights)
+            if out is not None:
+                return out
+            stats = gate.stats
+            calls, fallbacks, errors = stats.fused_calls, sum(stats.fallbacks.values()), \
+                len(stats.kernel_errors)
+            out = run(x)
+            if (sum(stats.fallbacks.values()) == fallbacks and len(stats.kernel_errors) == errors
+                    and stats.fused_calls > calls):
+                _remember(state.seen, key, (weights, generation()))
+            return out
+    # Some weights are not kept in place (streamed, cast per call): the blocks fetch their own.
+    state.forget()
+    return run(x)
+
+
+def _remember(table: OrderedDict, key: tuple, value) -> None:
+    table[key] = value
+    table.move_to_end(key)
+    while len(table) > MAX_GRAPHS:
+        dropped = table.popitem(last=False)[1]
+        if isinstance(dropped, _Captured):
+            _reset(dropped.graph)
+
+
+def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
+    hit = state.captured.get(key)
+    if hit is not None:
+        if hit.weights == weights and hit.generation == generation():
+            hit.static_in.copy_(x)
+            hit.graph.replay()
+            gate.stats.fused_calls += hit.fused_calls
+            state.captured.move_to_end(key)
+            return hit.static_out.clone()
+        _reset(state.captured.pop(key).graph)  # stale: the eager decode below may rebuild folds
+    if key in state.refused or state.seen.get(key) != (weights, generation()):
+        return None
+    return _capture(state, module, gate, x, run, key, weights)
+
+
+def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
+    stats = gate.stats
+    before = (stats.fused_calls, dict(stats.fallbacks), list(stats.kernel_errors))
+    gen = generation()
+    if state.pool is None:
+        state.pool = BACKEND.new_pool(x.device)
+    static_in = x.clone()
+    try:
+        graph, static_out, grown = BACKEND.capture(run, static_in, state.pool)
+    except torch.OutOfMemoryError:
+        _restore(stats, before)
+        state.refused.add(key)
+        raise  # as an eager decode would: ComfyUI retries tiled
+    except Exception as exc:  # fail closed: this key decodes eagerly from now on
+        _restore(stats, before)
+        state.refused.add(key)
+        log_once(f"cuda_graph:{type(module).__name__}:{type(exc).__name__}",
+                 f"{type(module).__name__}: CUDA graph capture failed "
+                 f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
+                 "decoding eagerly")
+        return None
+    state.pool_bytes += grown
+    why = None
+    if stats.kernel_errors != before[2] or stats.fallbacks != before[1]:
+        why = "a module left the fast path"
+    elif generation() != gen:
+        why = "a fold was built during the capture"
+    elif state.pool_bytes > BACKEND.pool_budget(x.device):
+        why = (f"its memory pool ({state.pool_bytes / 2**20:.0f} MiB) is over "
+               f"{MAX_POOL_FRACTION:.4g} of the device")
+    if why is not None:
+        _reset(graph)
+        if stats.kernel_errors != before[2]:
+            return None  # the errors stay in this decode's stats: the caller re-runs it stock
+        _restore(stats, before)
+        state.refused.add(key)
+        if not state.captured:
+            state.forget()
+        log_once(f"cuda_graph:{type(module).__name__}:{why}",
+                 f"{type(module).__name__}: no CUDA graph for {tuple(x.shape)} ({why}); "
+                 "decoding eagerly")
+        return None
+    graph.replay()
+    _remember(state.captured, key, _Captured(graph, static_in, static_out, weights, gen,
+                                             stats.fused_calls - before[0]))
+    state.seen.pop(key, None)
+    return static_out.clone()
+
+
+def _restore(stats, before) -> None:
+    stats.fused_calls, stats.fallbacks, stats.kernel_errors = (
+        before[0], dict(before[1]), list(before[2]))

@@ -1,0 +1,245 @@
+"""When a fused KL decoder captures, replays and gives up its CUDA graph (``fastpath.cuda_graph``).
+
+Tier 1 (CPU): the backend is swapped for a stand-in whose "capture" runs the decode once and
+whose "replay" runs it again into the static output (a CPU has no graphs), so what is checked
+here is the bookkeeping: which decode captures, which replays, which runs eagerly, and that
+every replay reads the weights and folds it was captured with. Tier 3
+(``test_kl_family_gpu.py``) checks real graphs against the eager fast path on a GPU.
+"""
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from fast_vae_decode.fastpath import cache, cuda_graph, install
+from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+from fast_vae_decode.fastpath.gate import gate_for
+
+pytest.importorskip("diffusers")
+from support.kl_models import _decode, _latent, tiny_vae  # noqa: E402
+
+
+class _Replayer:
+    def __init__(self, backend, run, static_in, static_out):
+        self.backend, self.run, self.static_in, self.static_out = backend, run, static_in, static_out
+        self.was_reset = False
+
+    def replay(self):
+        assert not self.was_reset
+        self.backend.replays += 1
+        # The real replay adds nothing to the decode's stats (graphed_call adds the capture's
+        # count): run the stand-in under a gate state of its own.
+        with gate_for(self.backend.model).opened(True):
+            self.static_out.copy_(self.run(self.static_in))
+
+    def reset(self):
+        self.was_reset = True
+
+
+class CpuStandIn:
+    """What ``cuda_graph.CudaGraphs`` does, on the CPU."""
+
+    def __init__(self, model, pool_bytes=1 << 20, budget=1 << 30, fail=None):
+        self.model, self.pool_bytes, self.budget, self.fail = model, pool_bytes, budget, fail
+        self.captures = self.replays = 0
+        self.graphs: list[_Replayer] = []
+
+    def usable(self, x):
+        return True
+
+    def new_pool(self, device):
+        return object()
+
+    def capture(self, run, static_in, pool):
+        self.captures += 1
+        if self.fail is not None:
+            raise self.fail
+        out = run(static_in)
+        graph = _Replayer(self, run, static_in, out)
+        self.graphs.append(graph)
+        return graph, out, self.pool_bytes
+
+    def pool_budget(self, device):
+        return self.budget
+
+
+@pytest.fixture
+def model():
+    m = tiny_vae()
+    install.install_fast_path(m)
+    # The first fused call of a model runs the warm-up; graphs wait for it, as on a GPU.
+    _decode(m, _latent(), is_open=True)
+    return m
+
+
+@pytest.fixture
+def standin(model, monkeypatch):
+    backend = CpuStandIn(model)
+    monkeypatch.setattr(cuda_graph, "BACKEND", backend)
+    return backend
+
+
+def _high(model, z):
+    out, stats = _decode(model, z, is_open=True)
+    return out, stats.fused_calls, dict(stats.fallbacks)
+
+
+def _eager(model, z):
+    """The same model's fast decode without graphs (what a replay must reproduce)."""
+    previous, kl_settings.settings.cuda_graphs = kl_settings.settings.cuda_graphs, False
+    try:
+        return _decode(model, z, is_open=True)[0]
+    finally:
+        kl_settings.settings.cuda_graphs = previous
+
+
+def test_second_decode_of_a_shape_captures_and_later_ones_replay(model, standin):
+    z = _latent()
+    eager, calls, fallbacks = _high(model, z)
+    assert (standin.captures, standin.replays) == (0, 0)  # the first decode ran eagerly
+    captured, calls2, _ = _high(model, z)
+    assert (standin.captures, standin.replays) == (1, 1)
+    z2 = _latent(seed=7)
+    replayed, calls3, fallbacks3 = _high(model, z2)
+    assert (standin.captures, standin.replays) == (1, 2)
+    assert torch.equal(captured, eager)
+    assert torch.equal(replayed, _eager(model, z2))
+    # A replay reports what the decode did: every fused call, no fallback.
+    assert calls == calls2 == calls3 > 1 and fallbacks == fallbacks3 == {}
+    assert cuda_graph.graph_bytes(model) == standin.pool_bytes
+
+
+def test_the_output_is_the_callers_own(model, standin):
+    z = _latent()
+    for _ in range(2):
+        _high(model, z)
+    first, _, _ = _high(model, z)
+    kept = first.clone()
+    _high(model, _latent(seed=3))
+    assert torch.equal(first, kept)  # a later replay must not write into an earlier result
+
+
+def test_shapes_keep_their_own_graphs_up_to_the_limit(model, standin):
+    small, big, other = _latent(), _latent(shape=(1, 4, 8, 12)), _latent(shape=(2, 4, 8, 8))
+    for z in (small, small, big, big):
+        _high(model, z)
+    assert standin.captures == 2
+    _high(model, small)
+    _high(model, big)
+    assert (standin.captures, standin.replays) == (2, 4)
+    for z in (other, other):  # a third shape: the least recently used graph goes
+        _high(model, z)
+    assert standin.captures == 3 and sum(g.was_reset for g in standin.graphs) == 1
+    _high(model, small)
+    assert standin.captures == 3 and standin.replays == 5
+
+
+def _new_weight(model):
+    conv = model.decoder.up_blocks[0].resnets[0].conv1
+    conv.weight = torch.nn.Parameter(conv.weight * 1.5, requires_grad=False)  # set_attr_param does this
+
+
+def _fold_dropped(model):
+    cache.drop_fast_path_caches(model.decoder.up_blocks[0].upsamplers[0])  # rebuilt elsewhere
+
+
+@pytest.mark.parametrize("change", [_new_weight, _fold_dropped], ids=["new-weight", "fold-dropped"])
+def test_a_change_between_decodes_is_decoded_eagerly_then_captured_again(model, standin, change):
+    """The graph read the old tensors' addresses: never replayed after they changed."""
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    change(model)
+    out, _, _ = _high(model, z)
+    assert standin.replays == 1 and standin.graphs[0].was_reset
+    assert torch.equal(out, _eager(model, z))
+    _high(model, z)
+    assert standin.captures == 2
+
+
+def test_unload_drops_the_graphs(model, standin):
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    assert cache.drop_fast_path_caches(model) > 0
+    assert standin.graphs[0].was_reset and cuda_graph.graph_bytes(model) == 0
+    _high(model, z)
+    assert standin.replays == 1
+
+
+def test_lossless_and_a_closed_gate_never_capture(model, standin):
+    z = _latent()
+    for _ in range(3):
+        _decode(model, z, is_open=False)
+        _decode(model, z)
+    assert standin.captures == 0
+
+
+@pytest.mark.parametrize("setting, value", [("upsample", "stock"), ("cuda_graphs", False)])
+def test_a_setting_change_is_another_key(model, standin, monkeypatch, setting, value):
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    monkeypatch.setattr(kl_settings.settings, setting, value)
+    _high(model, z)
+    assert standin.replays == 1
+
+
+def test_weights_cast_per_call_decode_eagerly(model, standin, monkeypatch):
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    conv = model.decoder.up_blocks[0].resnets[0].conv1
+    monkeypatch.setattr(conv, "comfy_cast_weights", True, raising=False)  # ComfyUI low-VRAM mode
+    for _ in range(3):
+        _, _, fallbacks = _high(model, z)
+        assert any("low-VRAM" in r for r in fallbacks)
+    assert (standin.captures, standin.replays) == (1, 1) and standin.graphs[0].was_reset
+
+
+def test_comfyui_disable_cuda_graphs_is_honoured(model, standin, monkeypatch):
+    fake = types.ModuleType("comfy.cli_args")
+    fake.args = types.SimpleNamespace(disable_cuda_graphs=True)
+    monkeypatch.setitem(sys.modules, "comfy.cli_args", fake)
+    z = _latent()
+    for _ in range(3):
+        _high(model, z)
+    assert standin.captures == 0
+
+
+def test_a_failed_capture_falls_back_for_that_shape_once(model, standin, caplog):
+    standin.fail = RuntimeError("operation not permitted when stream is capturing")
+    z = _latent()
+    eager, calls, _ = _high(model, z)
+    for _ in range(3):
+        out, calls_after, fallbacks = _high(model, z)
+        assert torch.equal(out, eager) and calls_after == calls and fallbacks == {}
+    assert standin.captures == 1  # refused for this key from then on
+    assert sum("CUDA graph capture failed" in r.getMessage() for r in caplog.records) <= 1
+
+
+def test_a_pool_over_the_budget_is_not_kept(model, standin):
+    standin.budget = standin.pool_bytes - 1
+    z = _latent()
+    for _ in range(3):
+        _high(model, z)
+    assert standin.captures == 1 and standin.replays == 0 and standin.graphs[0].was_reset
+    assert cuda_graph.graph_bytes(model) == 0
+
+
+def test_a_fold_built_during_the_capture_throws_it_away(model, standin, monkeypatch):
+    capture = standin.capture
+
+    def building(run, static_in, pool):
+        result = capture(run, static_in, pool)
+        cache._bump()  # what a fold built inside the capture does
+        return result
+
+    monkeypatch.setattr(standin, "capture", building)
+    z = _latent()
+    expected, _, _ = _high(model, z)
+    out, _, _ = _high(model, z)
+    assert torch.equal(out, expected) and standin.replays == 0 and standin.graphs[0].was_reset
