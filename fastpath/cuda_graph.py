@@ -66,6 +66,8 @@ class _Graphs:
     captured: "OrderedDict[tuple, _Captured]" = field(default_factory=OrderedDict)
     seen: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)  # key -> (weights, gen)
     refused: set = field(default_factory=set)
+    # What the last fast decode did: "replayed", "captured", or why it ran eagerly.
+    last: str = "no decode yet"
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     # A copied model gets no graphs: they read the original's weights and folds.
@@ -136,28 +138,33 @@ def _capture_stream(device: torch.device):
 BACKEND = CudaGraphs()
 
 
+def graph_status(model: torch.nn.Module) -> list[str]:
+    """What each graphed decoder under ``model`` did on its last fast decode."""
+    return [graphs.last for graphs in kept_values(model, _ENTRY)]
+
+
 def graph_bytes(model: torch.nn.Module) -> int:
     """Bytes the CUDA-graph pools under ``model`` hold between decodes."""
     return sum(graphs.pool_bytes for graphs in kept_values(model, _ENTRY))
 
 
-def _weights(module: torch.nn.Module, x: torch.Tensor) -> tuple | None:
-    """Fetch every weight under ``module`` into the open scope; their addresses, or None when
-    any module cannot be fetched as stable (streamed, cast per call, patched)."""
+def _weights(module: torch.nn.Module, x: torch.Tensor) -> tuple[tuple | None, str | None]:
+    """Fetch every weight under ``module`` into the open scope: (their addresses, None), or
+    (None, why) when a module's cannot be fetched as tensors that outlive the call (streamed,
+    cast per call, patched)."""
     fingerprint = []
-    for m in module.modules():
+    for name, m in module.named_modules():
         if not m._parameters:
             continue
-        if fetch_reason(m, x) is not None:
-            return None
-        for name in m._parameters:
-            t = weight_of(m, name)
+        reason = fetch_reason(m, x)
+        if reason is None and not is_stable(m):
+            reason = "weights copied per call"
+        if reason is not None:
+            return None, f"{name or type(m).__name__}: {reason}"
+        for param in m._parameters:
+            t = weight_of(m, param)
             fingerprint.append(None if t is None else t.data_ptr())
-    return tuple(fingerprint)
-
-
-def _stable(module: torch.nn.Module) -> bool:
-    return all(is_stable(m) for m in module.modules() if m._parameters)
+    return tuple(fingerprint), None
 
 
 def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple) -> torch.Tensor:
@@ -167,11 +174,13 @@ def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple)
     ``run`` launches (the family's settings).
     """
     gate = module._fvd_gate
-    if (not BACKEND.usable(x) or cuda_graphs_disabled() or gate is None
-            or gate.prewarm_modules is not None or torch.compiler.is_compiling()):
+    if not BACKEND.usable(x) or gate is None or torch.compiler.is_compiling():
         return run(x)
     state = kept(module, _ENTRY, _Graphs)
-    if not state.lock.acquire(blocking=False):  # another thread is replaying this decoder
+    why = ("ComfyUI --disable-cuda-graphs" if cuda_graphs_disabled() else
+           "the warm-up has not run" if gate.prewarm_modules is not None else None)
+    if why is not None or not state.lock.acquire(blocking=False):
+        state.last = why or "another thread is replaying this decoder"
         return run(x)
     try:
         return _call(state, module, gate, x, run, (tuple(x.shape), x.dtype, x.device) + key)
@@ -181,8 +190,8 @@ def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple)
 
 def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor:
     with weights_for_call():
-        weights = _weights(module, x)
-        if weights is not None and _stable(module):
+        weights, why = _weights(module, x)
+        if weights is not None:
             out = _replay_or_capture(state, module, gate, x, run, key, weights)
             if out is not None:
                 return out
@@ -193,9 +202,12 @@ def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor
             if (sum(stats.fallbacks.values()) == fallbacks and len(stats.kernel_errors) == errors
                     and stats.fused_calls > calls):
                 _remember(state.seen, key, (weights, generation()))
+            else:
+                state.last = "a module left the fast path"
             return out
     # Some weights are not kept in place (streamed, cast per call): the blocks fetch their own.
     state.forget()
+    state.last = why
     return run(x)
 
 
@@ -216,9 +228,15 @@ def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
             hit.graph.replay()
             gate.stats.fused_calls += hit.fused_calls
             state.captured.move_to_end(key)
+            state.last = "replayed"
             return hit.static_out.clone()
         _reset(state.captured.pop(key).graph)  # stale: the eager decode below may rebuild folds
-    if key in state.refused or state.seen.get(key) != (weights, generation()):
+    seen = state.seen.get(key)
+    if key in state.refused or seen != (weights, generation()):
+        state.last = ("refused for this shape" if key in state.refused else
+                      "first decode of this shape" if seen is None else
+                      "weights moved since the last decode" if seen[0] != weights else
+                      "folds built or dropped since the last decode")
         return None
     return _capture(state, module, gate, x, run, key, weights)
 
@@ -239,6 +257,7 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     except Exception as exc:  # fail closed: this key decodes eagerly from now on
         _restore(stats, before)
         state.refused.add(key)
+        state.last = f"capture failed: {type(exc).__name__}"
         log_once(f"cuda_graph:{type(module).__name__}:{type(exc).__name__}",
                  f"{type(module).__name__}: CUDA graph capture failed "
                  f"({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}); "
@@ -259,6 +278,7 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
             return None  # the errors stay in this decode's stats: the caller re-runs it stock
         _restore(stats, before)
         state.refused.add(key)
+        state.last = f"capture not kept: {why}"
         if not state.captured:
             state.forget()
         log_once(f"cuda_graph:{type(module).__name__}:{why}",
@@ -269,6 +289,7 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     _remember(state.captured, key, _Captured(graph, static_in, static_out, weights, gen,
                                              stats.fused_calls - before[0]))
     state.seen.pop(key, None)
+    state.last = "captured"
     return static_out.clone()
 
 

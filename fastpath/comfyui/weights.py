@@ -71,6 +71,25 @@ def _comfy_cast_functions(module: torch.nn.Module):
     return cast, uncast
 
 
+def _kept_norm_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.dtype | None:
+    """The dtype a GroupNorm's VRAM slot keeps its weights in, where that is not the input's.
+
+    Dynamic VRAM keeps a norm's weights in the model's dtype (fp32 in the SDXL VAE's bf16
+    decode); cast to the input's dtype they are a new copy every call, which no fold or CUDA
+    graph can keep. The fused norms compute in fp32 from weights of any float dtype, so
+    they fetch the slot's own tensors instead (``cast_bias_weight(dtype=)``).
+    """
+    if not isinstance(module, torch.nn.GroupNorm):
+        return None
+    kept = getattr(module._parameters.get("weight"), "_model_dtype", None)
+    if kept is None:
+        slot = module.__dict__.get("_v_weight")
+        kept = slot.dtype if isinstance(slot, torch.Tensor) else None
+    if kept is None or kept == x.dtype or not kept.is_floating_point:
+        return None
+    return kept
+
+
 class _Fetched(NamedTuple):
     weight: torch.Tensor | None
     bias: torch.Tensor | None
@@ -104,8 +123,10 @@ class CallWeights:
         # of host weights lands in a staging buffer that the next module's cast reuses, and a
         # fused block holds several modules' weights at once.
         offloadable = "_v" in state_dict
+        dtype = _kept_norm_dtype(module, x) if offloadable else None
         try:
-            fetched_tensors = cast(module, x, offloadable=offloadable)
+            fetched_tensors = (cast(module, x, offloadable=offloadable) if dtype is None else
+                               cast(module, x, dtype=dtype, offloadable=offloadable))
         except Exception as exc:  # fail closed: the stock forward fetches (or raises) its own way
             return f"ComfyUI could not fetch the weights ({type(exc).__name__})"
         weight, bias = fetched_tensors[0], fetched_tensors[1]

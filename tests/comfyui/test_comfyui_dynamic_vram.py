@@ -81,11 +81,13 @@ class _VramSlots:
     fetch must be given back with ``uncast_bias_weight`` (``open`` counts what is not).
     """
 
-    def __init__(self, model, monkeypatch):
+    def __init__(self, model, monkeypatch, norm_dtype=None):
+        """``norm_dtype``: the GroupNorms' slots keep their weights in that dtype (the model's),
+        tagged on the Parameter as ComfyUI's loader tags it (``_model_dtype``)."""
         import comfy.ops
 
         self.faults, self.real, self.open, self.streaming = {}, {}, 0, False
-        self._by_id = {}
+        self._by_id, self.kept = {}, {}
         for name, m in model.named_modules():
             if not hasattr(m, "comfy_cast_weights"):
                 continue
@@ -99,6 +101,9 @@ class _VramSlots:
             for k, p in self.real[name].items():
                 m._parameters[k] = torch.nn.Parameter(torch.full_like(p, float("nan")),
                                                       requires_grad=False)
+            if norm_dtype is not None and isinstance(m, torch.nn.GroupNorm):
+                self.kept[name] = norm_dtype
+                m._parameters["weight"]._model_dtype = norm_dtype
             self.faults[name] = 0
             self._by_id[id(m)] = (name, m)
         cast, uncast = comfy.ops.cast_bias_weight, comfy.ops.uncast_bias_weight
@@ -110,10 +115,11 @@ class _VramSlots:
                 return cast(s, input, dtype, device, bias_dtype, offloadable=offloadable, **kwargs)
             name, m = hit
             real = self.real[name]
+            slot_dtype = self.kept.get(name, input.dtype)
             if self.streaming or "_v_weight" not in m.__dict__:
                 self.faults[name] += 1
-                w = real["weight"].to(input.device, input.dtype, copy=True)
-                b = None if "bias" not in real else real["bias"].to(input.device, input.dtype,
+                w = real["weight"].to(input.device, slot_dtype, copy=True)
+                b = None if "bias" not in real else real["bias"].to(input.device, slot_dtype,
                                                                     copy=True)
                 if self.streaming:
                     m.__dict__.pop("_v_weight", None)
@@ -123,6 +129,9 @@ class _VramSlots:
             if offloadable:
                 self.open += 1
             w, b = m.__dict__["_v_weight"], m.__dict__["_v_bias"]
+            want = dtype or input.dtype
+            if w.dtype != want:  # cast to what the caller computes in: a copy per call
+                w, b = w.to(want), None if b is None else b.to(want)
             return (w, b, ("slot", s)) if offloadable else (w, b)
 
         def fake_uncast(s, weight, bias, state):
@@ -181,6 +190,33 @@ def test_dynamic_vram_runs_fused_on_comfys_resident_weights(pack, vae, monkeypat
         high, ui = _fast(pack, vae, z, "high")
     assert _rel_err(changed, expected) > 1e-2
     assert ui["path"] == "high" and _rel_err(high, changed) < REL_TOL, ui["text"]
+
+
+def test_norm_weights_kept_in_the_models_dtype_are_fetched_in_place(pack, vae, monkeypatch):
+    """Dynamic VRAM keeps a GroupNorm's weights in the model's dtype (fp32 in a bf16 decode; fp64
+    against fp32 here): the fused norm takes the slot's own tensors, the same every call (so a
+    fold or a CUDA graph may keep them), not a cast copy per call; the decode stays close."""
+    model = vae.first_stage_model
+    z = _latent()
+    with torch.inference_mode():
+        expected = _stock(vae, z)
+        _fast(pack, vae, z, "high")
+    slots = _VramSlots(model, monkeypatch, norm_dtype=torch.float64)
+    weights = pack_module("fastpath.comfyui.weights")
+    norm = model.decoder.mid.block_1.norm1
+    x = torch.zeros(1, norm.num_channels, 2, 2)
+    fetched = []
+    with torch.inference_mode():
+        for _ in range(2):
+            with weights.weights_for_call():
+                assert weights.fetch_reason(norm, x) is None
+                assert weights.is_stable(norm)
+                fetched.append(weights.weight_of(norm))
+        high, ui = _fast(pack, vae, z, "high")
+    assert fetched[0] is fetched[1] is norm.__dict__["_v_weight"]
+    assert fetched[0].dtype == torch.float64 and slots.open == 0
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
+    assert _rel_err(high, expected) < REL_TOL
 
 
 def test_weights_streamed_per_call_keep_the_stock_path(pack, vae, monkeypatch):

@@ -34,7 +34,7 @@ def main() -> None:
 
     from fast_vae_decode.bench.models import comfy_vae
     from fast_vae_decode.fastpath.cache import cache_bytes
-    from fast_vae_decode.fastpath.cuda_graph import graph_bytes
+    from fast_vae_decode.fastpath.cuda_graph import graph_bytes, graph_status
     from fast_vae_decode.nodes.fast_vae_decode import FastVAEDecode
 
     vae = comfy_vae(arch, seed=0)
@@ -71,8 +71,10 @@ def main() -> None:
         out["lossless_after_stock_equal"] = bool(torch.equal(node.args[0], stock))
         # The second high decode of a shape captures a CUDA graph, the third replays it
         # (KL image decoders): both must give what the eager first one gave.
-        again = [FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="high").args[0]
-                 for _ in range(2)]
+        again, out["graph_status"] = [], []
+        for _ in range(2):
+            again.append(FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="high").args[0])
+            out["graph_status"].append(graph_status(vae.first_stage_model))
         out["high_again_equal"] = [bool(torch.equal(h, high)) for h in again]
         out["graph_bytes_loaded"] = graph_bytes(vae.first_stage_model)
     mm.unload_all_models()
