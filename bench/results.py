@@ -45,6 +45,7 @@ class CaseResult:
     first_high_ms: float | None = None  # the first high decode: install + kernel compilation
     first_high_overhead_ms: float | None = None  # first_high_ms - high_ms
     high_path: str | None = None  # the node's UI text, e.g. "high: 38 fused modules"
+    cuda_graph: str | None = None  # what the graph replay did on the last timed high decode
     # One high decode's ComfyUI progress reports (bar update + interrupt check): how many, and
     # the host time spent in them (bench/progress_cost.py). ComfyUI subjects only.
     high_progress_updates: int | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from ..fastpath.cuda_graph import graph_bytes
+from ..fastpath.cuda_graph import graph_bytes, graph_status
 from ..fastpath.gate import decoder_models
 from .cases import Case, select_cases
 from .results import CaseResult, markdown_table, write_json
@@ -103,6 +103,12 @@ def _with_graph_pools(peak: int | None, subject: Subject) -> int | None:
     return peak + sum(graph_bytes(m) for m in decoder_models(subject.vae))
 
 
+def _graph_status(subject: Subject) -> str:
+    """What the CUDA-graph replay did on the last high decode ("replayed", or why not)."""
+    status = [s for m in decoder_models(subject.vae) for s in graph_status(m)]
+    return "; ".join(status) or "not graphed"
+
+
 def measure_subject(case: Case, subject: Subject, options: BenchOptions,
                     result: CaseResult, fp32_reference: torch.Tensor | None = None) -> CaseResult:
     """Measure one subject; ``fp32_reference`` is the case's decode by an fp32 copy of the model
@@ -131,8 +137,9 @@ def measure_subject(case: Case, subject: Subject, options: BenchOptions,
     first_ms, (_, first_info) = timed_call(lambda: subject.decode("high"), device)
     high = measure(lambda: subject.decode("high"), device, repeats, options.warmup)
     high_images, high_info = high.output
+    result.cuda_graph = _graph_status(subject)
     log(f"{result.label}: high {high.median_ms:.1f} ms (first {first_ms:.1f} ms) "
-        f"[{high_info.get('text', '')}]")
+        f"[{high_info.get('text', '')}] CUDA graph: {result.cuda_graph}")
 
     stock_again = measure(subject.stock, device, 1, warmup=0)
 
@@ -188,8 +195,9 @@ def _measure_high(subject: Subject, options: BenchOptions, result: CaseResult) -
     result.times_ms = {"high": high.times_ms}
     result.peak_extra_mib = {"high": _mib(_with_graph_pools(high.peak_extra_bytes, subject))}
     result.high_path, result.high_finite = high_info.get("text"), all_finite(high_images)
+    result.cuda_graph = _graph_status(subject)
     log(f"{result.label}: high {high.median_ms:.1f} ms (first {first_ms:.1f} ms) "
-        f"[{result.high_path or ''}]")
+        f"[{result.high_path or ''}] CUDA graph: {result.cuda_graph}")
     return result
 
 
