@@ -72,19 +72,28 @@ def _comfy_cast_functions(module: torch.nn.Module):
 
 
 def _kept_norm_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.dtype | None:
-    """The dtype a GroupNorm's VRAM slot keeps its weights in, where that is not the input's.
+    """The dtype ComfyUI keeps a GroupNorm's weights in on ``x``'s device, where that is not
+    the input's.
 
     Dynamic VRAM keeps a norm's weights in the model's dtype (fp32 in the SDXL VAE's bf16
-    decode); cast to the input's dtype they are a new copy every call, which no fold or CUDA
-    graph can keep. The fused norms compute in fp32 from weights of any float dtype, so
-    they fetch the slot's own tensors instead (``cast_bias_weight(dtype=)``).
+    decode): in a VRAM slot, or, for a module of at most 16 KiB (a 512-channel norm's 4 KiB),
+    force-loaded onto the device as its own Parameters, with ``comfy_cast_weights`` still set.
+    Cast to the input's dtype they are a new copy every call, which no fold or CUDA graph can
+    keep. The fused norms compute in fp32 from weights of any float dtype, so they fetch the
+    kept tensors themselves (``cast_bias_weight(dtype=)``). Weights on another device (low-VRAM
+    modes) are copied either way and keep the input's dtype.
     """
     if not isinstance(module, torch.nn.GroupNorm):
         return None
-    kept = getattr(module._parameters.get("weight"), "_model_dtype", None)
+    param = module._parameters.get("weight")
+    kept = getattr(param, "_model_dtype", None)
     if kept is None:
         slot = module.__dict__.get("_v_weight")
-        kept = slot.dtype if isinstance(slot, torch.Tensor) else None
+        if isinstance(slot, torch.Tensor):
+            kept = slot.dtype
+        elif "_v" not in module.__dict__ and isinstance(param, torch.Tensor) \
+                and param.device == x.device:
+            kept = param.dtype
     if kept is None or kept == x.dtype or not kept.is_floating_point:
         return None
     return kept
@@ -123,7 +132,7 @@ class CallWeights:
         # of host weights lands in a staging buffer that the next module's cast reuses, and a
         # fused block holds several modules' weights at once.
         offloadable = "_v" in state_dict
-        dtype = _kept_norm_dtype(module, x) if offloadable else None
+        dtype = _kept_norm_dtype(module, x)
         try:
             fetched_tensors = (cast(module, x, offloadable=offloadable) if dtype is None else
                                cast(module, x, dtype=dtype, offloadable=offloadable))

@@ -219,6 +219,40 @@ def test_norm_weights_kept_in_the_models_dtype_are_fetched_in_place(pack, vae, m
     assert _rel_err(high, expected) < REL_TOL
 
 
+def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack, vae):
+    """A module of at most 16 KiB gets no VRAM slot: dynamic VRAM force-loads its Parameters
+    onto the device in the model's dtype (a 512-channel norm in fp32 in a bf16 decode; fp64
+    against fp32 here) and still sets ``comfy_cast_weights``. Through ComfyUI's own cast the
+    fused norm gets those Parameters themselves every call (a CUDA graph may keep them; cast to
+    the input's dtype they were a copy per call, the H200 probe's 'mid.block_1.norm1: weights
+    copied per call'), and the decode stays close."""
+    model = vae.first_stage_model
+    z = _latent()
+    with torch.inference_mode():
+        expected = _stock(vae, z)
+        _fast(pack, vae, z, "high")
+    for m in model.modules():
+        if hasattr(m, "comfy_cast_weights"):
+            m.comfy_cast_weights, m.weight_function, m.bias_function = True, [], []
+        if isinstance(m, torch.nn.GroupNorm):
+            for k in ("weight", "bias"):
+                m._parameters[k] = torch.nn.Parameter(m._parameters[k].double(),
+                                                      requires_grad=False)
+    weights = pack_module("fastpath.comfyui.weights")
+    norm = model.decoder.mid.block_1.norm1
+    x = torch.zeros(1, norm.num_channels, 2, 2)
+    with torch.inference_mode():
+        for _ in range(2):
+            with weights.weights_for_call():
+                assert weights.fetch_reason(norm, x) is None
+                assert weights.is_stable(norm)
+                assert weights.weight_of(norm) is norm._parameters["weight"]
+                assert weights.bias_of(norm) is norm._parameters["bias"]
+        high, ui = _fast(pack, vae, z, "high")
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
+    assert _rel_err(high, expected) < REL_TOL
+
+
 def test_weights_streamed_per_call_keep_the_stock_path(pack, vae, monkeypatch):
     """A VRAM slot that cannot hold its module (the model does not fit): ComfyUI streams the
     weights per call and its own forward stays in charge of that module, exactly."""
