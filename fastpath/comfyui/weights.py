@@ -13,8 +13,9 @@ with ``fetch_reason(module, x)`` through ComfyUI's own ``cast_bias_weight`` (nev
 logic); a pinned VRAM slot is given back with ``uncast_bias_weight`` when the call ends, as the
 stock op does around its one kernel. ``weight_of`` / ``bias_of`` then return what the stock op would have
 computed with. Folded buffers may be kept only for weights that outlive the call
-(``is_stable``): the module's own Parameters or a resident VRAM slot; a fold of a per-call copy
-is rebuilt per call and never kept.
+(``is_stable``): the module's own Parameters, a resident VRAM slot, or ComfyUI's cast of
+on-device Parameters, kept while they are unchanged (``_cast_copy``); a fold of a per-call
+copy is rebuilt per call and never kept.
 
 Outside such a scope (or for a module that is not a ComfyUI op) the raw Parameters are used.
 Attributes are read without ``nn.Module.__getattr__``, whose AttributeError for a missing name
@@ -29,7 +30,15 @@ from typing import Iterator, NamedTuple
 
 import torch
 
+from ..cache import cached
+
 _MISSING = object()
+# The kept result of ComfyUI's cast of a module's own on-device Parameters (see _cast_copy).
+_CAST_COPY = "comfy_cast_copy"
+# A kept copy is memory ComfyUI's estimates do not count: only modules as small as those dynamic
+# VRAM force-loads (at most 16 KiB in the model's dtype) get one; a larger module cast per call
+# (fp8-stored weights, say) keeps its per-call copy and stays out of CUDA graphs.
+MAX_CAST_COPY_BYTES = 64 * 1024
 
 LOW_VRAM = "weights cast per call (ComfyUI low-VRAM mode)"
 DYNAMIC_VRAM = "weights streamed per call (ComfyUI dynamic VRAM)"
@@ -99,6 +108,36 @@ def _kept_norm_dtype(module: torch.nn.Module, x: torch.Tensor) -> torch.dtype | 
     return kept
 
 
+def _cast_copy(module: torch.nn.Module, x: torch.Tensor, cast) -> tuple | None:
+    """ComfyUI's cast of a module whose own Parameters sit on ``x``'s device in another dtype
+    and carry no weight patches, kept while those Parameters stay the same tensors; None for
+    any other module.
+
+    Dynamic VRAM force-loads every module of at most 16 KiB onto the device in the model's
+    dtype (the SDXL decoder's 3-channel conv_out: fp32 in a bf16 decode) and casts it per call.
+    For such a module the cast depends on nothing but the Parameters and the dtype, so its
+    result is kept as a fold (dropped on unload, rebuilt when ComfyUI replaces or rewrites the
+    Parameters): the same tensors every call, which a CUDA graph may keep, where a fresh copy
+    per call kept the whole decoder out of its graph ('conv_out: weights copied per call').
+    """
+    params = module._parameters
+    weight, bias = params.get("weight"), params.get("bias")
+    if not isinstance(weight, torch.Tensor) or weight.device != x.device:
+        return None
+    if bias is not None and bias.device != x.device:
+        return None
+    if weight.dtype == x.dtype and (bias is None or bias.dtype == x.dtype):
+        return None  # the cast hands the Parameters themselves back
+    if module_attr(module, "weight_function") or module_attr(module, "bias_function"):
+        return None  # patches (LoRA) are applied per call, by ComfyUI
+    size = sum(t.numel() * x.element_size() for t in (weight, bias) if t is not None)
+    if size > MAX_CAST_COPY_BYTES:
+        return None
+    return cached(module, _CAST_COPY, (weight, bias),
+                  lambda: tuple(cast(module, x, offloadable=False)[:2]),
+                  extra_key=(x.dtype, x.device))
+
+
 class _Fetched(NamedTuple):
     weight: torch.Tensor | None
     bias: torch.Tensor | None
@@ -133,6 +172,14 @@ class CallWeights:
         # fused block holds several modules' weights at once.
         offloadable = "_v" in state_dict
         dtype = _kept_norm_dtype(module, x)
+        if not offloadable and dtype is None:
+            try:
+                kept_copy = _cast_copy(module, x, cast)
+            except Exception as exc:  # fail closed, as below
+                return f"ComfyUI could not fetch the weights ({type(exc).__name__})"
+            if kept_copy is not None:
+                self._held[id(module)] = (module, _Fetched(kept_copy[0], kept_copy[1], True, None))
+                return None
         try:
             fetched_tensors = (cast(module, x, offloadable=offloadable) if dtype is None else
                                cast(module, x, dtype=dtype, offloadable=offloadable))

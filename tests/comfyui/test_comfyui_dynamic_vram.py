@@ -219,6 +219,24 @@ def test_norm_weights_kept_in_the_models_dtype_are_fetched_in_place(pack, vae, m
     assert _rel_err(high, expected) < REL_TOL
 
 
+def _force_loaded(pack, vae, z, kept_in_fp64):
+    """The model as dynamic VRAM leaves modules of at most 16 KiB: their Parameters force-loaded
+    onto the device, ``comfy_cast_weights`` still set; ``kept_in_fp64(m)`` modules keep theirs
+    in the model's dtype (fp32 in a bf16 decode; fp64 against fp32 here). Returns the stock
+    decode of ``z`` from before."""
+    with torch.inference_mode():
+        expected = _stock(vae, z)
+        _fast(pack, vae, z, "high")
+    for m in vae.first_stage_model.modules():
+        if hasattr(m, "comfy_cast_weights"):
+            m.comfy_cast_weights, m.weight_function, m.bias_function = True, [], []
+        if kept_in_fp64(m):
+            for k in ("weight", "bias"):
+                m._parameters[k] = torch.nn.Parameter(m._parameters[k].double(),
+                                                      requires_grad=False)
+    return expected
+
+
 def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack, vae):
     """A module of at most 16 KiB gets no VRAM slot: dynamic VRAM force-loads its Parameters
     onto the device in the model's dtype (a 512-channel norm in fp32 in a bf16 decode; fp64
@@ -228,16 +246,7 @@ def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack,
     copied per call'), and the decode stays close."""
     model = vae.first_stage_model
     z = _latent()
-    with torch.inference_mode():
-        expected = _stock(vae, z)
-        _fast(pack, vae, z, "high")
-    for m in model.modules():
-        if hasattr(m, "comfy_cast_weights"):
-            m.comfy_cast_weights, m.weight_function, m.bias_function = True, [], []
-        if isinstance(m, torch.nn.GroupNorm):
-            for k in ("weight", "bias"):
-                m._parameters[k] = torch.nn.Parameter(m._parameters[k].double(),
-                                                      requires_grad=False)
+    expected = _force_loaded(pack, vae, z, lambda m: isinstance(m, torch.nn.GroupNorm))
     weights = pack_module("fastpath.comfyui.weights")
     norm = model.decoder.mid.block_1.norm1
     x = torch.zeros(1, norm.num_channels, 2, 2)
@@ -251,6 +260,39 @@ def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack,
         high, ui = _fast(pack, vae, z, "high")
     assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
     assert _rel_err(high, expected) < REL_TOL
+
+
+def test_small_convs_force_loaded_in_the_models_dtype_get_one_kept_cast(pack, vae):
+    """The 3-channel conv_out is small enough to be force-loaded too (fp32 in a bf16 decode;
+    fp64 against fp32 here). ComfyUI's cast of it is a new copy each call; its result is kept
+    while the Parameters stay the same tensors (the same copy every call, so a CUDA graph may
+    keep it), made again when ComfyUI replaces them, and dropped on unload."""
+    model = vae.first_stage_model
+    z = _latent()
+    conv = model.decoder.conv_out
+    expected = _force_loaded(pack, vae, z, lambda m: m is conv)
+    weights = pack_module("fastpath.comfyui.weights")
+    cache = pack_module("fastpath.cache")
+    x = torch.zeros(1, conv.in_channels, 2, 2)
+
+    def fetch():
+        with weights.weights_for_call():
+            assert weights.fetch_reason(conv, x) is None and weights.is_stable(conv)
+            return weights.weight_of(conv), weights.bias_of(conv)
+
+    with torch.inference_mode():
+        first, second = fetch(), fetch()
+        high, ui = _fast(pack, vae, z, "high")
+        assert first[0] is second[0] and first[1] is second[1]
+        assert first[0].dtype == torch.float32
+        assert torch.equal(first[0], conv.weight.float()) and torch.equal(first[1], conv.bias.float())
+        conv._parameters["weight"] = torch.nn.Parameter(conv.weight * 2, requires_grad=False)
+        replaced = fetch()
+        assert replaced[0] is not first[0] and torch.equal(replaced[0], conv.weight.float())
+    assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
+    assert _rel_err(high, expected) < REL_TOL
+    cache.drop_fast_path_caches(model)
+    assert "comfy_cast_copy" not in conv.__dict__.get("_fvd_cache", {})
 
 
 def test_weights_streamed_per_call_keep_the_stock_path(pack, vae, monkeypatch):
