@@ -1,5 +1,9 @@
 """A fused decoder's fast path replayed as one CUDA graph, where the host is the limit.
 
+Two callers: a KL image decoder's whole fast path, and the first call of a video decoder's
+chunk loop (Wan: its first latent frame, and with it the whole decode of a single-frame
+latent), whose single frame gives the GPU less work per launch than the host needs to issue it.
+
 Eagerly, an image decode is ~600 launches issued from Python, and at the small stages the GPU
 finishes each kernel before the host has issued the next (SDXL 1024² on an H200: 17.5 ms of
 GPU work, 21-29 ms end to end). Once a decoder has run eagerly on an input shape (folds built,
@@ -19,6 +23,11 @@ Invariants:
 - Memory: a decoder's graphs share one private pool that keeps the decode's activations
   between decodes; a graph is kept only while that pool is at most ``MAX_POOL_FRACTION`` of
   the device, and it goes with the folds when ComfyUI unloads the model (``_fvd_cache``).
+- Outputs are handed out as copies (a later replay rewrites the graph's own), in the
+  structure ``run`` returned: tensors in lists and tuples, anything else (a cache slot's
+  marker string, None) as it was at capture.
+- The input is copied into a static tensor with the caller's strides: kernels and cuDNN plans
+  are chosen by strides too, and the capture must launch what the eager decode compiled.
 - Never for lossless (its gate is closed), never under ComfyUI's ``--disable-cuda-graphs``.
 """
 from __future__ import annotations
@@ -44,14 +53,23 @@ MAX_GRAPHS = 2
 MAX_POOL_FRACTION = 1 / 16
 _ENTRY = "cuda_graphs"
 
-Run = Callable[[torch.Tensor], torch.Tensor]
+Run = Callable[[torch.Tensor], object]
+
+
+def _copied(out):
+    """``out`` with every tensor in it cloned (their layouts kept), lists and tuples rebuilt."""
+    if isinstance(out, torch.Tensor):
+        return out.clone()
+    if isinstance(out, (list, tuple)):
+        return type(out)(_copied(item) for item in out)
+    return out
 
 
 @dataclass
 class _Captured:
     graph: object
     static_in: torch.Tensor
-    static_out: torch.Tensor
+    static_out: object  # what ``run`` returned: a tensor, or lists and tuples of them
     weights: tuple
     generation: int
     fused_calls: int  # fused calls inside the decoder one replay stands for
@@ -66,6 +84,7 @@ class _Graphs:
     captured: "OrderedDict[tuple, _Captured]" = field(default_factory=OrderedDict)
     seen: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)  # key -> (weights, gen)
     refused: set = field(default_factory=set)
+    just_seen: tuple | None = None  # the key the last eager decode remembered (``settle``)
     # What the last fast decode did: "replayed", "captured", or why it ran eagerly.
     last: str = "no decode yet"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -103,7 +122,7 @@ class CudaGraphs:
     def new_pool(self, device: torch.device):
         return torch.cuda.graph_pool_handle()
 
-    def capture(self, run: Run, static_in: torch.Tensor, pool) -> tuple[object, torch.Tensor, int]:
+    def capture(self, run: Run, static_in: torch.Tensor, pool) -> tuple[object, object, int]:
         """(graph, its output, bytes its pool grew by)."""
         device = static_in.device
         torch.cuda.synchronize(device)
@@ -167,14 +186,18 @@ def _weights(module: torch.nn.Module, x: torch.Tensor) -> tuple[tuple | None, st
     return tuple(fingerprint), None
 
 
-def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple) -> torch.Tensor:
-    """``run(x)`` (a fused decoder's whole fast path), replayed from a CUDA graph where it can be.
+def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple,
+                 gate=None):
+    """``run(x)`` (a fused decoder's whole fast path, or a video decoder's first chunk: every
+    weight ``run`` reads is under ``module``), replayed from a CUDA graph where it can be.
 
-    ``key`` holds whatever besides ``x``'s shape, dtype and device decides which kernels
-    ``run`` launches (the family's settings).
+    ``key`` holds whatever besides ``x``'s shape, strides, dtype and device decides which
+    kernels ``run`` launches (the family's settings). ``gate``: the model's, where ``module``
+    is not itself fused.
     """
-    gate = module._fvd_gate
-    if not BACKEND.usable(x) or gate is None or torch.compiler.is_compiling():
+    gate = module._fvd_gate if gate is None else gate
+    if (not BACKEND.usable(x) or gate is None or not gate.is_open
+            or torch.compiler.is_compiling()):
         return run(x)
     state = kept(module, _ENTRY, _Graphs)
     why = ("ComfyUI --disable-cuda-graphs" if cuda_graphs_disabled() else
@@ -183,12 +206,14 @@ def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple)
         state.last = why or "another thread is replaying this decoder"
         return run(x)
     try:
-        return _call(state, module, gate, x, run, (tuple(x.shape), x.dtype, x.device) + key)
+        return _call(state, module, gate, x, run,
+                     (tuple(x.shape), x.stride(), x.dtype, x.device) + key)
     finally:
         state.lock.release()
 
 
-def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor:
+def _call(state: _Graphs, module, gate, x, run: Run, key: tuple):
+    state.just_seen = None
     with weights_for_call():
         weights, why = _weights(module, x)
         if weights is not None:
@@ -202,6 +227,7 @@ def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor
             if (sum(stats.fallbacks.values()) == fallbacks and len(stats.kernel_errors) == errors
                     and stats.fused_calls > calls):
                 _remember(state.seen, key, (weights, generation()))
+                state.just_seen = key
             else:
                 state.last = "a module left the fast path"
             return out
@@ -209,6 +235,21 @@ def _call(state: _Graphs, module, gate, x, run: Run, key: tuple) -> torch.Tensor
     state.forget()
     state.last = why
     return run(x)
+
+
+def settle(module: torch.nn.Module) -> None:
+    """Count the eager call ``module`` just made as seen with the folds as they are now.
+
+    For a call followed by others in the same decode (a video loop's first call, then its
+    steady-state chunks, which build folds of their own the first call never reads): otherwise
+    every decode would find the folds changed since its first call and none would capture.
+    Safe because a capture checks for itself that nothing was built during it. Only for a
+    decode that finished; a captured graph is never settled (a fold it reads may have gone).
+    """
+    for state in kept_values(module, _ENTRY):
+        key, state.just_seen = state.just_seen, None
+        if key in state.seen:
+            state.seen[key] = (state.seen[key][0], generation())
 
 
 def _remember(table: OrderedDict, key: tuple, value) -> None:
@@ -229,7 +270,7 @@ def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
             gate.stats.fused_calls += hit.fused_calls
             state.captured.move_to_end(key)
             state.last = "replayed"
-            return hit.static_out.clone()
+            return _copied(hit.static_out)
         _reset(state.captured.pop(key).graph)  # stale: the eager decode below may rebuild folds
     seen = state.seen.get(key)
     if key in state.refused or seen != (weights, generation()):
@@ -247,7 +288,8 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     gen = generation()
     if state.pool is None:
         state.pool = BACKEND.new_pool(x.device)
-    static_in = x.clone()
+    static_in = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
+    static_in.copy_(x)
     try:
         graph, static_out, grown = BACKEND.capture(run, static_in, state.pool)
     except torch.OutOfMemoryError:
@@ -290,7 +332,7 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
                                              stats.fused_calls - before[0]))
     state.seen.pop(key, None)
     state.last = "captured"
-    return static_out.clone()
+    return _copied(static_out)
 
 
 def _restore(stats, before) -> None:

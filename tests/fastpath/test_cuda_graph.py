@@ -1,4 +1,5 @@
-"""When a fused KL decoder captures, replays and gives up its CUDA graph (``fastpath.cuda_graph``).
+"""When a fused KL decoder, and a Wan decode loop's first call, capture, replay and give up
+their CUDA graphs (``fastpath.cuda_graph``).
 
 Tier 1 (CPU): the backend is swapped for a stand-in whose "capture" runs the decode once and
 whose "replay" runs it again into the static output (a CPU has no graphs), so what is checked
@@ -22,6 +23,18 @@ pytest.importorskip("diffusers")
 from support.kl_models import _decode, _latent, tiny_vae  # noqa: E402
 
 
+def _copy_into(dest, src) -> None:
+    """What a replay does to a graph's outputs: the same tensors, rewritten."""
+    if isinstance(dest, torch.Tensor):
+        dest.copy_(src)
+    elif isinstance(dest, (list, tuple)):
+        assert type(dest) is type(src) and len(dest) == len(src)
+        for d, s in zip(dest, src, strict=True):
+            _copy_into(d, s)
+    else:
+        assert dest == src  # a marker (None, a string) is what the capture left
+
+
 class _Replayer:
     def __init__(self, backend, run, static_in, static_out):
         self.backend, self.run, self.static_in, self.static_out = backend, run, static_in, static_out
@@ -33,7 +46,7 @@ class _Replayer:
         # The real replay adds nothing to the decode's stats (graphed_call adds the capture's
         # count): run the stand-in under a gate state of its own.
         with gate_for(self.backend.model).opened(True):
-            self.static_out.copy_(self.run(self.static_in))
+            _copy_into(self.static_out, self.run(self.static_in))
 
     def reset(self):
         self.was_reset = True
@@ -243,3 +256,65 @@ def test_a_fold_built_during_the_capture_throws_it_away(model, standin, monkeypa
     expected, _, _ = _high(model, z)
     out, _, _ = _high(model, z)
     assert torch.equal(out, expected) and standin.replays == 0 and standin.graphs[0].was_reset
+
+
+# --- the Wan decode loop's first call (``families/wan/first_call.py``) -----------------------
+
+WAN_CASES = [
+    (1, 4, 3, 4, 6),  # a video: the replayed first call's frame cache feeds two eager chunks
+    (1, 4, 1, 4, 6),  # one latent frame: the first call is the whole decode
+]
+
+
+@pytest.fixture
+def wan_model():
+    from support.wan_models import tiny_wan
+
+    m = tiny_wan("wan21")
+    install.install_fast_path(m)
+    # The first fused call (inside the loop's first call) runs the warm-up; graphs wait for it.
+    _wan_high(m, torch.zeros(1, 4, 1, 2, 2), graphs=False)
+    return m
+
+
+def _wan_high(model, z, graphs=True):
+    from fast_vae_decode.fastpath.families.wan import settings as wan_settings
+
+    previous, wan_settings.settings.cuda_graphs = wan_settings.settings.cuda_graphs, graphs
+    try:
+        with torch.no_grad(), gate_for(model).opened(True) as stats:
+            return model.decode(z).sample, stats.fused_calls, dict(stats.fallbacks)
+    finally:
+        wan_settings.settings.cuda_graphs = previous
+
+
+@pytest.mark.parametrize("shape", WAN_CASES, ids=["x".join(map(str, s)) for s in WAN_CASES])
+def test_wan_first_call_captures_then_replays_the_eager_result(wan_model, monkeypatch, shape):
+    from support.wan_models import latent
+
+    backend = CpuStandIn(wan_model)
+    monkeypatch.setattr(cuda_graph, "BACKEND", backend)
+    eager, calls, fallbacks = _wan_high(wan_model, latent(shape))  # compiles, runs the warm-up
+    assert fallbacks == {} and backend.captures == 0
+    _wan_high(wan_model, latent(shape))  # seen once with these weights: captured
+    assert (backend.captures, backend.replays) == (1, 1)
+    for seed in (1, 2):
+        z = latent(shape, seed=seed)
+        replayed, calls_replayed, fallbacks = _wan_high(wan_model, z)
+        assert torch.equal(replayed, _wan_high(wan_model, z, graphs=False)[0])
+        assert calls_replayed == calls and fallbacks == {}
+    assert (backend.captures, backend.replays) == (1, 3)
+    assert cuda_graph.graph_status(wan_model.decoder) == ["replayed"]
+    assert cache.drop_fast_path_caches(wan_model) > 0 and backend.graphs[0].was_reset
+
+
+def test_wan_lossless_never_captures(wan_model, monkeypatch):
+    from support.wan_models import latent
+
+    backend = CpuStandIn(wan_model)
+    monkeypatch.setattr(cuda_graph, "BACKEND", backend)
+    z = latent(WAN_CASES[0])
+    for _ in range(3):
+        with torch.no_grad(), gate_for(wan_model).opened(False):
+            wan_model.decode(z)
+    assert backend.captures == 0

@@ -44,3 +44,38 @@ def test_wan21_480p_high_vs_lossless_on_gpu(dtype):
     assert torch.isfinite(got).all() and torch.isfinite(expected).all()
     assert psnr(got.float(), exact) >= psnr(expected.float(), exact) - 1.0
     assert psnr(got.float(), expected.float()) >= 40.0
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("frames", [3, 1], ids=["video", "one-frame"])
+def test_wan21_first_call_graph_replay_is_the_eager_decode(frames, monkeypatch):
+    """The decode loop's first call replayed from a CUDA graph (``first_call``) at 480x832:
+    bit for bit the eager fast path, for a video (its later chunks read the replayed call's
+    frame cache) and for a single frame (the whole decode); the pool goes on unload."""
+    from diffusers import AutoencoderKLWan
+
+    from fast_vae_decode.fastpath import cache
+    from fast_vae_decode.fastpath.cuda_graph import graph_bytes, graph_status
+    from fast_vae_decode.fastpath.families.wan import settings as wan_settings
+
+    torch.manual_seed(0)
+    model = AutoencoderKLWan().eval().to("cuda", torch.bfloat16)
+    install_fast_path(model)
+
+    def high(z):
+        with torch.no_grad(), gate_for(model).opened(True) as stats:
+            out = model.decode(z).sample
+        assert stats.fallbacks == {}
+        return out
+
+    shape = (1, 16, frames, 60, 104)
+    for seed in (0, 1):  # warm-up and kernels, then the decode that is remembered
+        high(latent(shape, seed=seed).to("cuda", torch.bfloat16))
+    zs = [latent(shape, seed=s).to("cuda", torch.bfloat16) for s in (2, 3)]
+    graphed = [high(z) for z in zs]  # captured, replayed
+    assert graph_status(model.decoder) == ["replayed"] and graph_bytes(model) > 0
+    monkeypatch.setattr(wan_settings.settings, "cuda_graphs", False)
+    for z, out in zip(zs, graphed, strict=True):
+        assert torch.equal(out, high(z))
+    cache.drop_fast_path_caches(model)
+    assert graph_bytes(model) == 0

@@ -33,6 +33,7 @@ from ...pixels.frames import FrameSink, FramesLost, frames_sink
 from ...progress import advance
 from ...recognize import class_names, stock_class_name
 from ...swap import stock_class, swap_in
+from .first_call import first_decoder_call, settle_first_call
 
 COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
 COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
@@ -238,17 +239,22 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
     x = model.conv2(z)
 
     def step(i: int) -> torch.Tensor:
-        extra = {"first_chunk": True} if wan22 and i == 0 else {}
-        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0], **extra)
+        if i == 0:
+            extra = {"first_chunk": True} if wan22 else {}
+            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, **extra)
+        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0])
 
     if not wan22:
-        return assemble_frames(step, z.shape[2], _sink_for(model))
+        out = assemble_frames(step, z.shape[2], _sink_for(model))
+        settle_first_call(model, model.decoder)
+        return out
     # Wan 2.2 rearranges its output afterwards (unpatchify), a rearrangement within each frame:
     # ComfyUI's own unpatchify of a chunk is those frames of the unpatchified whole, so the
     # chunks go to the sink unpatchified one by one and the whole output is never formed.
     patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
     unpatched = _Unpatchified(_sink_for(model), lambda t: module.unpatchify(t, patch_size=patch))
     out = assemble_frames(step, z.shape[2], unpatched if unpatched.sink is not None else None)
+    settle_first_call(model, model.decoder)
     return out if unpatched.taking else module.unpatchify(out, patch_size=patch)
 
 
@@ -264,10 +270,13 @@ def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
     sizes = [1] + [x[:, :, 1 + 2 * (i - 1):1 + 2 * i].shape[2] for i in range(1, calls)]
 
     def step(i: int) -> list:
-        chunk = x[:, :, :1] if i == 0 else x[:, :, 1 + 2 * (i - 1):1 + 2 * i]
-        return model.decoder(chunk, feat_cache=feat_map, feat_idx=[0])
+        if i == 0:
+            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map)
+        return model.decoder(x[:, :, 1 + 2 * (i - 1):1 + 2 * i], feat_cache=feat_map, feat_idx=[0])
 
-    return assemble_chunk_lists(step, sizes, _sink_for(model))
+    out = assemble_chunk_lists(step, sizes, _sink_for(model))
+    settle_first_call(model, model.decoder)
+    return out
 
 
 class _Unpatchified:
@@ -325,10 +334,13 @@ def _diffusers_decode(model, z: torch.Tensor, return_dict: bool):
 
     def step(i: int) -> torch.Tensor:
         model._conv_idx = [0]
-        extra = {"first_chunk": True} if i == 0 else {}
-        return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map, feat_idx=model._conv_idx, **extra)
+        if i == 0:
+            return first_decoder_call(model, model.decoder, x[:, :, :1], model._feat_map,
+                                      first_chunk=True)
+        return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map, feat_idx=model._conv_idx)
 
     out = assemble_frames(step, z.shape[2])
+    settle_first_call(model, model.decoder)
     if model.config.patch_size is not None:
         out = module.unpatchify(out, patch_size=model.config.patch_size)
     out = torch.clamp(out, min=-1.0, max=1.0)

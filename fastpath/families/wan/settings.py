@@ -29,6 +29,10 @@ class WanSettings:
     # (``rms_norm_silu``'s frame tail) instead of a clone pass reading them back: the same
     # bytes, one read of them fewer. Off: ``next_cache`` clones, as before.
     cache_from_norm: bool = True
+    # The decode loop's first decoder call (the first latent frame, a single-frame latent's
+    # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
+    # the GPU less work per launch than Python needs to issue it. Off: always eager.
+    cuda_graphs: bool = True
 
 
 settings = WanSettings()
