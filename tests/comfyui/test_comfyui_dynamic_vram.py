@@ -237,26 +237,42 @@ def _force_loaded(pack, vae, z, kept_in_fp64):
     return expected
 
 
-def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack, vae):
+def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack, vae, monkeypatch):
     """A module of at most 16 KiB gets no VRAM slot: dynamic VRAM force-loads its Parameters
     onto the device in the model's dtype (a 512-channel norm in fp32 in a bf16 decode; fp64
     against fp32 here) and still sets ``comfy_cast_weights``. Through ComfyUI's own cast the
     fused norm gets those Parameters themselves every call (a CUDA graph may keep them; cast to
     the input's dtype they were a copy per call, the H200 probe's 'mid.block_1.norm1: weights
-    copied per call'), and the decode stays close."""
+    copied per call'), and the decode stays close. Once the cast has handed them back it is not
+    asked again (a graph replay fetches every weight first, with the GPU idle); a weight patch
+    (LoRA) attached later is ComfyUI's to apply again."""
+    import comfy.ops
+
     model = vae.first_stage_model
     z = _latent()
     expected = _force_loaded(pack, vae, z, lambda m: isinstance(m, torch.nn.GroupNorm))
     weights = pack_module("fastpath.comfyui.weights")
     norm = model.decoder.mid.block_1.norm1
     x = torch.zeros(1, norm.num_channels, 2, 2)
+    real, asked = comfy.ops.cast_bias_weight, []
+    monkeypatch.setattr(comfy.ops, "cast_bias_weight",
+                        lambda s, *a, **k: asked.append(s) or real(s, *a, **k))
+
+    def fetch():
+        with weights.weights_for_call():
+            assert weights.fetch_reason(norm, x) is None
+            return weights.weight_of(norm), weights.bias_of(norm), weights.is_stable(norm)
+
     with torch.inference_mode():
         for _ in range(2):
-            with weights.weights_for_call():
-                assert weights.fetch_reason(norm, x) is None
-                assert weights.is_stable(norm)
-                assert weights.weight_of(norm) is norm._parameters["weight"]
-                assert weights.bias_of(norm) is norm._parameters["bias"]
+            weight, bias, stable = fetch()
+            assert weight is norm._parameters["weight"] and bias is norm._parameters["bias"]
+            assert stable
+        assert asked.count(norm) == 1
+        norm.weight_function = [lambda w: w * 2]
+        patched, _, stable = fetch()
+        assert asked.count(norm) == 2 and not stable and torch.equal(patched, norm.weight * 2)
+        norm.weight_function = []
         high, ui = _fast(pack, vae, z, "high")
     assert ui["path"] == "high" and "stock calls" not in ui["text"], ui["text"]
     assert _rel_err(high, expected) < REL_TOL
