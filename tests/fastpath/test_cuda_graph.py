@@ -308,12 +308,20 @@ def test_wan_first_call_captures_then_replays_the_eager_result(wan_model, monkey
     assert cache.drop_fast_path_caches(wan_model) > 0 and backend.graphs[0].was_reset
 
 
-def test_wan_lossless_never_captures(wan_model, monkeypatch):
+def test_wan_lossless_and_the_default_settings_never_capture(wan_model, monkeypatch):
+    """Lossless (a closed gate) never; high only where the setting is on (off by default:
+    the pool kept between decodes would put the decode's peak over stock's)."""
+    from fast_vae_decode.fastpath.families.wan import settings as wan_settings
     from support.wan_models import latent
 
     backend = CpuStandIn(wan_model)
     monkeypatch.setattr(cuda_graph, "BACKEND", backend)
     z = latent(WAN_CASES[0])
+    assert wan_settings.WanSettings().cuda_graphs is False
+    for _ in range(3):
+        with torch.no_grad(), gate_for(wan_model).opened(True):
+            wan_model.decode(z)
+    monkeypatch.setattr(wan_settings.settings, "cuda_graphs", True)
     for _ in range(3):
         with torch.no_grad(), gate_for(wan_model).opened(False):
             wan_model.decode(z)

@@ -58,6 +58,7 @@ def test_wan21_first_call_graph_replay_is_the_eager_decode(frames, monkeypatch):
     from fast_vae_decode.fastpath.cuda_graph import graph_bytes, graph_status
     from fast_vae_decode.fastpath.families.wan import settings as wan_settings
 
+    monkeypatch.setattr(wan_settings.settings, "cuda_graphs", True)  # off by default
     torch.manual_seed(0)
     model = AutoencoderKLWan().eval().to("cuda", torch.bfloat16)
     install_fast_path(model)

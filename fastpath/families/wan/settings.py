@@ -31,8 +31,13 @@ class WanSettings:
     cache_from_norm: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
-    # the GPU less work per launch than Python needs to issue it. Off: always eager.
-    cuda_graphs: bool = True
+    # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
+    # (0.33, default flags, pack cc84da3, docs/benchmark/cc84da3) it took Qwen-Image 1024² from
+    # 22.5 to 19.7 ms and Wan 2.1 480p x33 from 309 to 294 ms (x81 and Wan 2.2 within 1%), but
+    # its pool, kept between decodes, put every case's peak over stock's (Wan 2.1 x33 5193 MiB
+    # against 3095, Wan 2.2 10116 against 8548, Qwen 1722 against 1261): issue 13's "peak
+    # memory <= stock" rules it out until the pool is smaller than the eager decode's peak.
+    cuda_graphs: bool = False
 
 
 settings = WanSettings()
