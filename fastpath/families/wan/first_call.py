@@ -14,6 +14,10 @@ The call runs on a cache list of its own (fresh, all empty); what it leaves ther
 the loop's list afterwards, so a capture that fails or is thrown away leaves the loop's cache as
 an eager call would find it. The cache entries handed out are copies (``cuda_graph``): the loop
 holds them past the replay.
+
+Off by default (``settings.cuda_graphs``): the graph's pool, kept between decodes, is larger
+than the eager decode's peak, and it put every measured Wan and Qwen case over stock's peak
+for a few percent of speed (docs/benchmark/268e0d1).
 """
 from __future__ import annotations
 
