@@ -14,8 +14,9 @@ timestep-conditioned blocks scale and shift the normed value per channel
 (``* (1 + scale) + shift``), which is ``gamma`` / ``bias`` here.
 
 The stock module computes this in several passes in ``x.dtype``; here it is one pass, fp32
-throughout, rounded once to ``x.dtype``. Each program owns a [BLOCK_P, BLOCK_C] tile: BLOCK_P
-whole pixels, all their channels. C is the innermost, contiguous dimension (channels-last), so
+throughout, rounded once to ``x.dtype``. Each program owns BLOCK_P whole pixels, all their
+channels: one [BLOCK_P, BLOCK_C] tile, or for C = 3 * 2^k (every Wan channel count) three
+unmasked [BLOCK_P, C/3] tiles (``rms_norm_silu_config``). C is the innermost, contiguous dimension (channels-last), so
 the reduction stays inside the tile and loads are coalesced; many pixels per program keep the
 launch small (one program per pixel costs far more than the arithmetic).
 
@@ -244,18 +245,27 @@ def rms_norm_silu_unsupported(
 
 
 @functools.lru_cache(maxsize=64)
-def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, int]:
-    """(BLOCK_P, BLOCK_C, num_warps) for a launch; the one place to tune.
+def rms_norm_silu_config(channels: int, element_size: int) -> tuple[int, int, int, int]:
+    """(BLOCK_P, BLOCK_C, num_warps, SPLIT) for a launch; the one place to tune.
 
-    About 8K elements per tile: enough bytes in flight per program to hide memory latency, few
-    enough fp32 registers per thread (8192 / 256 threads = 32) not to spill. Masked channel lanes
-    (C=96 in a 128-wide tile) cost registers, not memory traffic.
+    A pixel's channels are SPLIT column tiles of BLOCK_C. Every Wan channel count is 3 * 2^k
+    (96, 192, 384): one power-of-two tile would mask a quarter of its lanes (C=96 in 128), and
+    it ran at about half of copy bandwidth whatever its tiling. Three unmasked tiles of C/3
+    (H200, Wan 2.1 sizes, bf16, docs/benchmark/36af018, probe with a fast-division SiLU at 32
+    pixels x 4 warps): 96 x 4 x 480 x 832 2.0 -> 3.6 TB/s (a clone: 3.6), 384 x 2 x 120 x 208
+    0.57 -> 1.6 TB/s; with this kernel's exact SiLU, probed at 64 x 8 only: 3.1 and 1.2 TB/s.
+    Other counts: one tile of about 8K elements, enough bytes in
+    flight per program to hide memory latency, few enough fp32 registers per thread (8192 / 256
+    threads = 32) not to spill.
     """
     del element_size  # the tile is sized in fp32 registers, whatever the storage dtype
+    third = channels // 3
+    if channels % 3 == 0 and third >= 16 and third & (third - 1) == 0:
+        return 32, third, 4, 3
     block_c = triton.next_power_of_2(channels) if triton is not None else channels
     block_p = max(1, min(256, 8192 // block_c))
     num_warps = 8 if block_p * block_c >= 8192 else 4
-    return block_p, block_c, num_warps
+    return block_p, block_c, num_warps, 1
 
 
 if triton is not None:
@@ -267,52 +277,10 @@ if triton is not None:
     # constexprs: as runtime flags the pass ran 7-8% slower plain and 15-32% slower with an
     # input bias and an addend (H200, Wan 2.1 sizes, 96-384 channels, interleaved), which
     # costs more than their variants' compile time in a warm-up that compiles in parallel.
-    @triton.jit(do_not_specialize=["pixels", "height", "width", "has_tail", "tail_start",
-                                   "tail_stride_n"])
-    def _rms_norm_silu_kernel(
-        x_ptr,
-        a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
-        a1_ptr,
-        in_bias_ptr,
-        gamma_ptr,
-        bias_ptr,
-        out_ptr,
-        tail_ptr,  # read only when has_tail: the last frames of out, again
-        pixels,  # per sample
-        channels,
-        x_stride_n,
-        out_stride_n,
-        height,  # frame size and out's strides: read only when OUT_STRIDED
-        width,
-        out_stride_t,
-        out_stride_h,
-        out_stride_w,
-        has_tail,  # 0 / 1
-        tail_start,  # first pixel (per sample) that tail holds
-        tail_stride_n,
-        scale,
-        eps,
-        bias_scalar,
-        OUT_STRIDED: tl.constexpr,
-        REFLECT: tl.constexpr,
-        N_ADDENDS: tl.constexpr,
-        HAS_IN_BIAS: tl.constexpr,
-        HAS_GAMMA: tl.constexpr,
-        MEAN_EPS: tl.constexpr,
-        HAS_BIAS: tl.constexpr,
-        SILU: tl.constexpr,
-        BLOCK_P: tl.constexpr,
-        BLOCK_C: tl.constexpr,
-    ):
-        # int64 throughout: a Wan decode tensor has >2**31 elements at larger sizes.
-        n = tl.program_id(1).to(tl.int64)
-        rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
-        cols = tl.arange(0, BLOCK_C)
-        col_mask = cols < channels
-        mask = (rows < pixels)[:, None] & col_mask[None, :]
-        offs = rows[:, None] * channels + cols[None, :]
-
-        x_offs = n * x_stride_n + offs
+    @triton.jit
+    def _tile_input(x_ptr, a0_ptr, a1_ptr, in_bias_ptr, x_offs, mask, cols, col_mask,
+                    N_ADDENDS: tl.constexpr, HAS_IN_BIAS: tl.constexpr):
+        """One column tile of the norm's input, ``x + addends + in_bias`` in fp32."""
         x = tl.load(x_ptr + x_offs, mask=mask, other=0.0).to(tl.float32)
         # The folded sum stays fp32 up to the norm, in the reference's order (x, addends,
         # in_bias): rounding it to x.dtype first would cost the precision the fusion keeps.
@@ -324,12 +292,16 @@ if triton is not None:
             # Masked pixel rows pick up in_bias, but each row's norm is its own and they are
             # never stored.
             x += tl.load(in_bias_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
-        # Masked lanes load 0, so they do not change the sum of squares.
-        sum_sq = tl.sum(x * x, axis=1)
-        if MEAN_EPS:
-            factor = 1.0 / tl.sqrt(sum_sq / channels + eps)
-        else:
-            factor = scale / tl.maximum(tl.sqrt(sum_sq), eps)
+        return x
+
+    @triton.jit
+    def _tile_store(x, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols, col_mask,
+                    mask, n, offs, out_stride_n, height, width, out_stride_t, out_stride_h,
+                    out_stride_w, pixels, has_tail, tail_start, tail_stride_n, bias_scalar,
+                    channels, OUT_STRIDED: tl.constexpr, REFLECT: tl.constexpr,
+                    HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+                    BLOCK_P: tl.constexpr):
+        """The normed, scaled (and SiLU'd) column tile, stored to out (and the frame tail)."""
         y = x * factor[:, None]
         if HAS_GAMMA:
             y = y * tl.load(gamma_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)[None, :]
@@ -386,6 +358,92 @@ if triton is not None:
                 t_offs = n * tail_stride_n + t_rows[:, None] * channels + cols[None, :]
                 tl.store(tail_ptr + t_offs, y, mask=mask & (t_rows >= 0)[:, None])
 
+    # ``pixels`` is a runtime int (one compilation for every frame size); ``channels`` stays
+    # specialized: its divisibility by 16 is what lets the loads vectorize. The frame tail is a
+    # runtime flag too: a decode's first call with one would otherwise compile a variant of
+    # every norm inside the decode (the warm-up meets uncached calls). The operand flags stay
+    # constexprs: as runtime flags the pass ran 7-8% slower plain and 15-32% slower with an
+    # input bias and an addend (H200, Wan 2.1 sizes, 96-384 channels, interleaved), which
+    # costs more than their variants' compile time in a warm-up that compiles in parallel.
+    @triton.jit(do_not_specialize=["pixels", "height", "width", "has_tail", "tail_start",
+                                   "tail_stride_n"])
+    def _rms_norm_silu_kernel(
+        x_ptr,
+        a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
+        a1_ptr,
+        in_bias_ptr,
+        gamma_ptr,
+        bias_ptr,
+        out_ptr,
+        tail_ptr,  # read only when has_tail: the last frames of out, again
+        pixels,  # per sample
+        channels,
+        x_stride_n,
+        out_stride_n,
+        height,  # frame size and out's strides: read only when OUT_STRIDED
+        width,
+        out_stride_t,
+        out_stride_h,
+        out_stride_w,
+        has_tail,  # 0 / 1
+        tail_start,  # first pixel (per sample) that tail holds
+        tail_stride_n,
+        scale,
+        eps,
+        bias_scalar,
+        OUT_STRIDED: tl.constexpr,
+        REFLECT: tl.constexpr,
+        N_ADDENDS: tl.constexpr,
+        HAS_IN_BIAS: tl.constexpr,
+        HAS_GAMMA: tl.constexpr,
+        MEAN_EPS: tl.constexpr,
+        HAS_BIAS: tl.constexpr,
+        SILU: tl.constexpr,
+        BLOCK_P: tl.constexpr,
+        BLOCK_C: tl.constexpr,
+        SPLIT: tl.constexpr,  # 1, or 3: channels = 3 * BLOCK_C, three unmasked column tiles
+    ):
+        # int64 throughout: a Wan decode tensor has >2**31 elements at larger sizes.
+        n = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+        row_mask = (rows < pixels)[:, None]
+        cols_a = tl.arange(0, BLOCK_C)
+        col_mask_a = cols_a < channels
+        mask_a = row_mask & col_mask_a[None, :]
+        offs_a = rows[:, None] * channels + cols_a[None, :]
+        xa = _tile_input(x_ptr, a0_ptr, a1_ptr, in_bias_ptr, n * x_stride_n + offs_a, mask_a,
+                         cols_a, col_mask_a, N_ADDENDS, HAS_IN_BIAS)
+        # Masked lanes load 0, so they do not change the sum of squares.
+        sum_sq = tl.sum(xa * xa, axis=1)
+        if SPLIT == 3:
+            # The second and third thirds of each pixel's channels: every lane is a channel.
+            xb = _tile_input(x_ptr, a0_ptr, a1_ptr, in_bias_ptr,
+                             n * x_stride_n + offs_a + BLOCK_C, mask_a, cols_a + BLOCK_C,
+                             col_mask_a, N_ADDENDS, HAS_IN_BIAS)
+            xc = _tile_input(x_ptr, a0_ptr, a1_ptr, in_bias_ptr,
+                             n * x_stride_n + offs_a + 2 * BLOCK_C, mask_a, cols_a + 2 * BLOCK_C,
+                             col_mask_a, N_ADDENDS, HAS_IN_BIAS)
+            sum_sq += tl.sum(xb * xb, axis=1) + tl.sum(xc * xc, axis=1)
+        if MEAN_EPS:
+            factor = 1.0 / tl.sqrt(sum_sq / channels + eps)
+        else:
+            factor = scale / tl.maximum(tl.sqrt(sum_sq), eps)
+        _tile_store(xa, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols_a, col_mask_a,
+                    mask_a, n, offs_a, out_stride_n, height, width, out_stride_t, out_stride_h,
+                    out_stride_w, pixels, has_tail, tail_start, tail_stride_n, bias_scalar,
+                    channels, OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS, SILU, BLOCK_P)
+        if SPLIT == 3:
+            _tile_store(xb, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols_a + BLOCK_C,
+                        col_mask_a, mask_a, n, offs_a + BLOCK_C, out_stride_n, height, width,
+                        out_stride_t, out_stride_h, out_stride_w, pixels, has_tail, tail_start,
+                        tail_stride_n, bias_scalar, channels, OUT_STRIDED, REFLECT, HAS_GAMMA,
+                        HAS_BIAS, SILU, BLOCK_P)
+            _tile_store(xc, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows,
+                        cols_a + 2 * BLOCK_C, col_mask_a, mask_a, n, offs_a + 2 * BLOCK_C,
+                        out_stride_n, height, width, out_stride_t, out_stride_h, out_stride_w,
+                        pixels, has_tail, tail_start, tail_stride_n, bias_scalar, channels,
+                        OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS, SILU, BLOCK_P)
+
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
@@ -427,7 +485,7 @@ def rms_norm_silu(
     bias_scalar = 0.0 if has_bias or bias is None else float(bias)
     a0, a1 = (tuple(addends) + (x, x))[:2]
     in_bias_flat = x if in_bias is None else _flat(in_bias)
-    block_p, block_c, num_warps = rms_norm_silu_config(channels, x.element_size())
+    block_p, block_c, num_warps, split = rms_norm_silu_config(channels, x.element_size())
     grid = (-(-pixels // block_p), batch)  # host arithmetic (triton.cdiv is slow from Python)
     args = (
         x,
@@ -461,6 +519,7 @@ def rms_norm_silu(
         "SILU": bool(silu),
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
+        "SPLIT": split,
     }
     with on_device(x.device):
         launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)

@@ -28,9 +28,10 @@ from support.rms_norm_silu_inputs import _channels_last
 CASES = [
     ((1, 32, 4, 8, 8), "none", True),  # the plain case: power-of-2 C, 256 pixels = exactly
     # one full tile (BLOCK_P=256 at C=32), nothing masked
-    ((1, 96, 3, 5, 7), "none", True),  # Wan's C=96 (masked lanes in a 128 tile); 105 pixels
-    # over BLOCK_P=64: two tiles, the last one partial
-    ((2, 48, 1, 3, 5), "tensor", True),  # N=2 (batch stride); bias tensor (stock bias=True)
+    ((1, 96, 3, 5, 7), "none", True),  # Wan's C=96: three unmasked 32-channel tiles per pixel
+    # (SPLIT 3); 105 pixels over BLOCK_P=32: four tiles, the last one partial
+    ((2, 48, 1, 3, 5), "tensor", True),  # N=2 (batch stride); bias tensor (stock bias=True);
+    # the smallest split (three 16-channel tiles)
     ((1, 24, 6, 5), "float", False),  # 4-D channels_last as the attention block norm (no SiLU);
     # bias as the python 0. diffusers stores
     ((2, 40, 3, 3), "tensor", True),  # 4-D with N=2 and a bias tensor
@@ -182,8 +183,10 @@ def test_cpu_tensor_without_interpreter(monkeypatch):
 
 def test_config_covers_wan_channels():
     for channels in (3, 96, 192, 384, 1024, 8192):
-        block_p, block_c, num_warps = rms_norm_silu_config(channels, 2)
-        assert block_c >= channels and block_c & (block_c - 1) == 0
+        block_p, block_c, num_warps, split = rms_norm_silu_config(channels, 2)
+        assert block_c * split >= channels and block_c & (block_c - 1) == 0
+        # Wan's 3 * 2^k channel counts as three unmasked tiles, the others as one
+        assert split == (3 if channels in (96, 192, 384) else 1)
         assert block_p >= 1 and block_p & (block_p - 1) == 0
         assert num_warps in (1, 2, 4, 8, 16)
 
@@ -211,7 +214,7 @@ assert m.rms_norm_silu_reference(x, torch.ones(8), None).shape == x.shape
 # Folded input (addends, in_bias) and a preallocated ``out``. Shapes are (C, T, H, W); the batch
 # comes from the out kind.
 FOLD_SHAPES = [
-    (96, 3, 5, 7),  # Wan's C=96 (masked lanes in a 128 tile); 105 pixels over BLOCK_P=64: two
+    (96, 3, 5, 7),  # Wan's C=96 (three 32-channel tiles); 105 pixels over BLOCK_P=32: four
     # tiles, the last partial, so masked rows meet in_bias
     (32, 2, 3, 4),  # power-of-2 C, 24 pixels: one partial tile
 ]
