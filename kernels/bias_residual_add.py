@@ -13,7 +13,10 @@ Layout: channels innermost and dense (NHWC or NDHWC, any batch; size-1 dims may 
 stride, so a batch-1 time slice of a channels-last-3d buffer qualifies). Each program owns a
 [BLOCK_P, BLOCK_C] tile of whole pixels, so the channel index is the tile column (no modulo)
 and loads along C are contiguous. Row offsets are int64 (a 2048² 128-channel batch of four
-exceeds 2^31 elements).
+exceeds 2^31 elements). One power-of-two tile even where it masks a quarter of its lanes (Wan's
+C = 3 * 2^k): three unmasked C/3 tiles, which brought ``rms_norm_silu`` to copy speed, were
+slower here (H200, bf16, bias + residual: 192 x 2 x 240 x 416 2.57 -> 1.90 TB/s, 96 x 2 x 480 x
+832 bias only 2.88 -> 2.59, a copy 3.3-3.8; session 20's probe, docs/benchmark/c435b93-s20).
 
 Rounding: the sum is formed in fp32 (order: out, addends, bias, residual) and rounded once to
 ``out.dtype``; stock rounds after each add, so half-precision results may differ by one ULP.

@@ -159,6 +159,33 @@ def test_high_close_to_lossless(models, kind, shape):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[0], CASES[4]], ids=[IDS[0], IDS[4]])
+def test_upsample_bias_is_added_by_the_packs_pass(models, kind, shape, monkeypatch):
+    """The folded upsample conv runs without its bias, which ``bias_residual_add_`` adds
+    channels-last (torch's broadcast add after conv_transpose2d moved a third of memory speed);
+    the result stays what stock computes."""
+    from fast_vae_decode.kernels import bias_residual_add as bra
+
+    biases, added = [], []
+    folded, add = wan_modules.upsample_conv_folded, bra.bias_residual_add_
+
+    def conv(x, weight, bias):
+        biases.append(bias)
+        return folded(x, weight, bias)
+
+    def kernel(out, bias, *args, **kwargs):
+        added.append(out.dim() == 4 and bias is not None)
+        return add(out, bias, *args, **kwargs)
+
+    monkeypatch.setattr(wan_modules, "upsample_conv_folded", conv)
+    monkeypatch.setattr("fast_vae_decode.fastpath.video_ops.bias_residual_add_", kernel)
+    got, expected, stats = _high_and_stock(models, kind, shape)
+    assert biases and all(b is None for b in biases)
+    assert sum(added) == len(biases)  # each upsample's frames: one 4-D bias pass
+    assert stats.fallbacks == {}
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind,shape", [CASES[4], CASES[5]], ids=[IDS[4], IDS[5]])
 def test_wan22_shortcuts_are_written_channels_last(models, kind, shape):
     """Wan 2.2's DupUp3D shortcuts run ``dup_up_3d`` in a high decode (first chunk included:
