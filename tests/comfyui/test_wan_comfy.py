@@ -97,6 +97,26 @@ def test_high_close_to_lossless(vaes, arch, shape):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch,shape", [("wan21", (1, 16, 4, 3, 5)), ("wan22", (1, 48, 4, 3, 5))],
+                         ids=["wan21-4-frames", "wan22-4-frames"])
+def test_blocks_read_cached_frames_in_place_in_this_trees_loop(vaes, arch, shape, monkeypatch):
+    """``split_cached_frames`` in this tree's own decode loop, the 2-D taps forced on the CPU:
+    the residual blocks meet two new frames behind two cached ones (0.33's ``run_up`` pieces;
+    0.8's chunks after the first temporal upsample), read those in place, and high stays close
+    to lossless over four latent frames (later chunks read caches written that way)."""
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
+
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
+        inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)))
+    split, real = [], wan_ops.split_tap_parts
+    monkeypatch.setattr(wan_ops, "split_tap_parts",
+                        lambda conv, prev, new, *pad: (split.append(new), real(conv, prev, new, *pad))[1])
+    stock, vae, _ = vaes[arch]
+    expected, got, stats = stock_and_gated(_decode, stock, vae, _latent(shape), True)
+    assert stats.fallbacks == {} and stats.fused_calls > 0 and split
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("arch", ["wan21", "wan22"])
 def test_precision_copy_of_a_comfy_vae(vaes, arch):
     import comfy.model_patcher

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fast_vae_decode.fastpath.families.wan import modules as wan_modules
+from fast_vae_decode.fastpath.families.wan import ops as wan_ops
 from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
 from fast_vae_decode.fastpath.families.wan.modules import (
     FusedRMSNorm,
@@ -209,12 +210,27 @@ def test_wan22_shortcuts_are_written_channels_last(models, kind, shape):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+def _high_per_setting(models, kind, shape, monkeypatch, setting: str, counted: str):
+    """High decodes with the Wan setting ``setting`` off and on, and the calls of the ops
+    function ``counted`` each made: ``({on: decode}, {on: calls}, stock decode)``."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    calls, real = [], getattr(wan_ops, counted)
+    monkeypatch.setattr(wan_ops, counted, lambda *a: (calls.append(1), real(*a))[1])
+    results, counts = {}, {}
+    for on in (False, True):
+        monkeypatch.setattr(wan_settings, setting, on)
+        calls.clear()
+        got, expected, stats = _high_and_stock(models, kind, shape)
+        assert stats.fallbacks == {} and stats.fused_calls > 0
+        results[on], counts[on] = got, len(calls)
+    return results, counts, expected
+
+
 @pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
 def test_high_with_per_tap_convs_close_to_lossless(models, kind, shape, monkeypatch):
     """The GPU's narrow-conv form on the CPU: every batch-1 3x3x3 conv as three per-tap parts,
     which norm2 and the residual add sum together with the conv biases (the kernels' addends)."""
-    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
-
     taken = []
 
     def always_taps(conv, inp):
@@ -258,9 +274,10 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
             return real(conv, *args, **kwargs)
         return call
 
-    # The block runs its convs through conv_parts; a conv module's own fast path, causal_conv3d.
-    for name in ("conv_parts", "causal_conv3d"):
-        monkeypatch.setattr(wan_modules, name, failing_for_second_convs(getattr(wan_modules, name)))
+    # The block runs its convs through ops.conv_parts (``norm_causal_conv``); a conv module's
+    # own fast path, causal_conv3d.
+    for room, name in ((wan_ops, "conv_parts"), (wan_modules, "causal_conv3d")):
+        monkeypatch.setattr(room, name, failing_for_second_convs(getattr(room, name)))
     with torch.no_grad(), gate_for(model).opened(True) as stats:
         got = model.decode(z).sample
     assert any("kernel error" in r for r in stats.fallbacks)
@@ -288,6 +305,83 @@ def test_conv3d_as_2d_taps_equals_conv3d(frames):
         expected = torch.nn.functional.conv3d(padded, conv.weight, conv.bias, padding=(0, 1, 1))
     # fp32: partial sums added instead of one accumulation (~1e-7 relative).
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_split_tap_parts_are_the_assembled_inputs_tap_parts():
+    """Two cached frames read where they lie and two new frames (ComfyUI 0.33's steady pieces):
+    the same two parts ``tap_parts`` makes of the buffer ``causal_input`` would assemble."""
+    from fast_vae_decode.fastpath.families.wan.ops import split_tap_parts, tap_parts
+    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
+
+    gen = torch.Generator().manual_seed(5)
+    conv = torch.nn.Conv3d(6, 5, 3)
+    prev, new = (torch.randn(1, 6, 2, 7, 9, generator=gen).contiguous(memory_format=CL3D)
+                 for _ in range(2))
+    with torch.no_grad():
+        got = split_tap_parts(conv, prev, new, 1, 1)
+        expected = tap_parts(conv, torch.cat([prev, new], 2).contiguous(memory_format=CL3D), 1, 1)
+        assert [p.shape for p in got] == [p.shape for p in expected]
+        assert all(p.is_contiguous(memory_format=CL3D) for p in got)  # what the kernels take
+        for a, b in zip(got, expected, strict=True):
+            # The same sums in the same order; the middle tap runs as two 1-frame convs.
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        reference = torch.nn.functional.conv3d(torch.cat([prev, new], 2), conv.weight, conv.bias,
+                                               padding=(0, 1, 1))
+        torch.testing.assert_close(sum_parts(got, conv.bias), reference, rtol=1e-5, atol=1e-5)
+
+
+# Four latent frames: the third chunk is the first whose blocks meet two new frames behind two
+# cached ones (the second chunk's cache follows a single frame), the fourth reads the caches the
+# third left as its new frames.
+@pytest.mark.parametrize("kind,shape", [("wan21", (1, 4, 4, 3, 5)), ("wan22", (1, 8, 4, 3, 5))],
+                         ids=["wan21-4-frames", "wan22-4-frames"])
+def test_blocks_reading_cached_frames_in_place_decode_the_assembled_sums(models, kind, shape,
+                                                                          monkeypatch):
+    """``split_cached_frames`` with the 2-D taps forced on the CPU: the blocks whose convs meet
+    two new frames behind two cached ones read those in place and cache their new frames as
+    they are, and the decode equals the one through assembled inputs."""
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
+        inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)))
+    results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
+                                                  "split_cached_frames", "split_tap_parts")
+    assert counts[False] == 0 and counts[True] > 0
+    # fp32: the middle tap's 1-frame convs may round apart from the 2-frame one by an ulp,
+    # which the later layers carry to ~1e-6.
+    torch.testing.assert_close(results[True], results[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_cached_frames_stay_assembled_where_they_cannot_be_read_in_place(monkeypatch):
+    """``split_input_frames`` declines (None: the buffer path) for every input it does not
+    cover, and hands back an empty channels-last-3d tensor shaped like the new frames else."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.fastpath.families.wan.ops import split_input_frames
+    from fast_vae_decode.fastpath.video_ops import CL3D
+
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: inp.shape[0] == 1)
+    conv = WanCausalConv3d(6, 32, 3, padding=1)  # 32 outputs: cuDNN's, not narrow_conv's
+
+    def video(frames, batch=1, channels=6, fmt=CL3D, dtype=torch.float32):
+        return torch.randn(batch, channels, frames, 4, 5, dtype=dtype).contiguous(memory_format=fmt)
+
+    new = split_input_frames(conv, video(2), video(2))
+    assert new.shape == (1, 6, 2, 4, 5) and new.is_contiguous(memory_format=CL3D)
+    head = WanCausalConv3d(6, 3, 3, padding=1)  # a 3-channel head conv runs narrow_conv
+    assert split_input_frames(head, video(2), video(2)) is None
+    for x, prev in [
+        (video(2), None),  # the first chunk's blocks: nothing cached
+        (video(2), video(1)),  # the chunk after the first frame: one cached frame, a zero frame
+        (video(1), video(2)),  # one new frame: the next cache reaches into the cached frames
+        (video(4), video(2)),  # ComfyUI 0.8's four-frame chunks: two taps read two runs each
+        (video(2, batch=2), video(2, batch=2)),  # batch 2: not the 2-D taps route
+        (video(2), video(2, fmt=torch.contiguous_format)),  # a stock chunk's cache
+        (video(2), video(2, dtype=torch.float64)),
+        (video(2), video(2, channels=3)),
+    ]:
+        assert split_input_frames(conv, x, prev) is None
+    monkeypatch.setattr(wan_ops.settings, "split_cached_frames", False)
+    assert split_input_frames(conv, video(2), video(2)) is None
 
 
 def test_cpu_without_interpreter_takes_the_exact_stock_path(models, monkeypatch):
@@ -393,19 +487,8 @@ def test_caches_written_by_the_norms_are_the_cloned_bytes(models, kind, shape, m
     frame tail) instead of ``next_cache`` cloning them; the decode is the same bytes either
     way, and the clones really go (only single-frame chunks, whose cache reaches into the
     cached frames in front, still clone)."""
-    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
-
-    clones = []
-    real = wan_modules.next_cache
-    monkeypatch.setattr(wan_modules, "next_cache", lambda *a: (clones.append(a[0].shape[2]),
-                                                                real(*a))[1])
-    results, counts = {}, {}
-    for on in (False, True):
-        monkeypatch.setattr(wan_settings, "cache_from_norm", on)
-        clones.clear()
-        got, _, stats = _high_and_stock(models, kind, shape)
-        assert stats.fallbacks == {} and stats.fused_calls > 0
-        results[on], counts[on] = got, len(clones)
+    results, counts, _ = _high_per_setting(models, kind, shape, monkeypatch, "cache_from_norm",
+                                           "next_cache")
     assert torch.equal(results[True], results[False])
     assert 0 < counts[True] < counts[False]
 

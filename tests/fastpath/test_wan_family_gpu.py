@@ -80,3 +80,30 @@ def test_wan21_first_call_graph_replay_is_the_eager_decode(frames, monkeypatch):
         assert torch.equal(out, high(z))
     cache.drop_fast_path_caches(model)
     assert graph_bytes(model) == 0
+
+
+@pytest.mark.cuda
+def test_split_tap_parts_at_480p_on_gpu():
+    """Wan 2.1's full-resolution 96-channel conv (bf16, cuDNN) over two cached and two new
+    frames of 480x832: the parts read in place are those of the assembled buffer, up to the
+    roundings of cuDNN's 1-frame convs for the middle tap."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.fastpath.families.wan.ops import split_tap_parts, tap_parts
+    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
+
+    torch.manual_seed(0)
+    conv = WanCausalConv3d(96, 96, 3, padding=1).to("cuda", torch.bfloat16)
+    prev, new = (torch.randn(1, 96, 2, 480, 832, device="cuda", dtype=torch.bfloat16)
+                 .contiguous(memory_format=CL3D) for _ in range(2))
+    joined = torch.cat([prev, new], 2).contiguous(memory_format=CL3D)
+    with torch.no_grad():
+        got = sum_parts(split_tap_parts(conv, prev, new, 1, 1), conv.bias)
+        expected = sum_parts(tap_parts(conv, joined, 1, 1), conv.bias)
+        exact = torch.nn.functional.conv3d(joined.float(), conv.weight.float(), conv.bias.float(),
+                                           padding=(0, 1, 1))
+    assert got.is_contiguous(memory_format=CL3D)
+    # As close to the fp32 conv as the buffered parts (bf16: each part's rounding, ~4e-3).
+    err_got, err_expected = ((t.float() - exact).abs().max().item() for t in (got, expected))
+    assert err_got <= 1.25 * err_expected + 1e-3
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)

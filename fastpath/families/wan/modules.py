@@ -38,11 +38,10 @@ from ...video_ops import CL3D, add_parts, conv_weight, conv_weights_reason, to_c
 from .exact import ExactCausalConv3d, ExactRMSNorm
 from .ops import (
     cache_entry_reason,
-    cache_tail,
     causal_conv3d,
     causal_input,
     conv_parts,
-    next_cache,
+    norm_causal_conv,
     norm_reason,
     norm_silu,
     pads,
@@ -119,28 +118,13 @@ class FusedWanResidualBlock(FusedModule):
         idx = feat_idx[0] if keep else 0
         prev1, prev2 = (feat_cache[idx], feat_cache[idx + 1]) if keep else (None, None)
 
-        # Each norm writes straight into its conv's assembled input (behind the cached frames);
-        # each conv's bias and per-tap partial outputs are summed by the pass that reads them
-        # next: norm2, then the residual add. The convs themselves are the stock sums.
-        # The frames each conv caches are written by its norm too where they are new frames
-        # (``cache_tail``), else cloned from the assembled input (``next_cache``).
+        # Each norm writes straight into its conv's input (``norm_causal_conv``); each conv's
+        # bias and per-tap partial outputs are summed by the pass that reads them next: norm2,
+        # then the residual add. The convs themselves are the stock sums.
         x = to_cl3d(x)
-        inp1, new1, zeros1 = causal_input(conv1, x, prev1, writable=True)
-        cache1 = cache_tail(inp1, zeros1, new1, own) if keep else None
-        norm_silu(norm1, x, out=new1, tail=cache1)
-        if keep and cache1 is None:
-            cache1 = next_cache(inp1, zeros1, new1.shape[2] if own else None)
-        parts = conv_parts(conv1, inp1)
-        del inp1, new1
-        inp2, new2, zeros2 = causal_input(conv2, parts[0], prev2, writable=True)
-        cache2 = cache_tail(inp2, zeros2, new2, own) if keep else None
-        norm_silu(norm2, parts[0], addends=tuple(parts[1:]), in_bias=bias_of(conv1), out=new2,
-                  tail=cache2)
-        if keep and cache2 is None:
-            cache2 = next_cache(inp2, zeros2, new2.shape[2] if own else None)
-        del parts
-        parts = conv_parts(conv2, inp2)
-        del inp2, new2
+        parts, cache1 = norm_causal_conv(norm1, conv1, [x], prev1, keep, own)
+        parts, cache2 = norm_causal_conv(norm2, conv2, parts, prev2, keep, own,
+                                         in_bias=bias_of(conv1))
         if isinstance(shortcut, torch.nn.Identity):
             h = add_parts(parts, bias_of(conv2), x)
         else:

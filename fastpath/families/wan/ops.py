@@ -206,14 +206,20 @@ def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
     return [to_cl3d(out)]  # cuDNN keeps channels-last-3d; some CPU conv paths do not
 
 
+def narrow_route(conv, first_tap: int) -> bool:
+    """Whether ``conv_routes`` sends the conv (temporal taps from ``first_tap``) to
+    ``narrow_conv`` (the input permitting)."""
+    kernel = (conv.kernel_size[0] - first_tap, *conv.kernel_size[1:])
+    return (conv_route(conv.out_channels, kernel) == NARROW_CONV
+            and tuple(conv.stride) == (1, 1, 1) and tuple(conv.dilation) == (1, 1, 1)
+            and conv.groups == 1)
+
+
 def narrow_parts(conv, inp: torch.Tensor, first_tap: int, pad_h: int,
                  pad_w: int) -> list[torch.Tensor] | None:
     """The conv as one ``narrow_conv`` output (temporal taps from ``first_tap``), where
     ``conv_routes`` sends its shape there and the kernel takes ``inp``; else None (cuDNN)."""
-    kernel = (conv.kernel_size[0] - first_tap, *conv.kernel_size[1:])
-    if (conv_route(conv.out_channels, kernel) != NARROW_CONV
-            or tuple(conv.stride) != (1, 1, 1) or tuple(conv.dilation) != (1, 1, 1)
-            or conv.groups != 1 or _NARROW_CONV_INPUT.tensor_reason(inp) is not None):
+    if not narrow_route(conv, first_tap) or _NARROW_CONV_INPUT.tensor_reason(inp) is not None:
         return None
     full = weight_of(conv)
     packed = cached(conv, f"narrow_conv:{first_tap}", (full,),
@@ -223,18 +229,33 @@ def narrow_parts(conv, inp: torch.Tensor, first_tap: int, pad_h: int,
     return None if y is None else [y]
 
 
+def _tap_weights(conv) -> list[torch.Tensor]:
+    """The 3x3x3 conv's three temporal taps as channels-last 2-D weights (a fold)."""
+    weight = weight_of(conv)
+    return cached(conv, "taps", (weight,), lambda: [
+        weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
+        for k in range(3)], keep=is_stable(conv))
+
+
+def _frames(x: torch.Tensor) -> torch.Tensor:
+    """(1, C, T, H, W) channels-last-3d as a channels-last batch of T frames: a view."""
+    return x[0].permute(1, 0, 2, 3)
+
+
+def _as_video(frames: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``_frames``: again a (1, C, T, H, W) channels-last-3d view."""
+    return frames.unsqueeze(0).permute(0, 2, 1, 3, 4)
+
+
 def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Tensor]:
     """A batch-1 3x3x3 conv (no bias) as per-tap 2-D convs: ``inp[0]`` permuted to
     (T, C, H, W) is a channels-last batch of frames (a view), so each temporal tap is a 2-D
     conv over a frame slice of the same memory; each output is again a (1, C, T', H, W)
     channels-last-3d view. Up to two parts are returned (the first two taps summed)."""
-    frames = inp[0].permute(1, 0, 2, 3)
+    frames = _frames(inp)
     first = max(0, 3 - frames.shape[0])  # taps before it meet only the implicit zero frames
     out_t = frames.shape[0] - 2 + first
-    weight = weight_of(conv)
-    taps = cached(conv, "taps", (weight,), lambda: [
-        weight[:, :, k].detach().contiguous(memory_format=torch.channels_last)
-        for k in range(3)], keep=is_stable(conv))
+    taps = _tap_weights(conv)
     parts = []
     for k in range(first, 3):
         parts.append(F.conv2d(frames[k - first:k - first + out_t], taps[k], None,
@@ -243,7 +264,45 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
             # At most two tap outputs alive: three put the fast path's peak memory one
             # full-resolution activation above stock's (measured +146 MiB, Wan 2.1 480p).
             parts[0] += parts.pop()
-    return [p.unsqueeze(0).permute(0, 2, 1, 3, 4) for p in parts]
+    return [_as_video(p) for p in parts]
+
+
+def split_input_frames(conv, x: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor | None:
+    """An empty tensor shaped like ``x`` for the new frames of a causal conv that reads its
+    cached frames ``prev`` where they lie (``split_tap_parts``), or None where the conv takes
+    one assembled buffer (``causal_input``).
+
+    Taken in the steady state of ComfyUI 0.33's decode loop at full resolution: the 2-D taps
+    route (Wan 2.1's 96 channels), ``CACHE_T`` cached frames in front of ``CACHE_T`` new ones
+    (its ``run_up`` pieces). There every tap reads one run of frames except the middle one,
+    which reads one cached and one new frame as two 1-frame convs, so no cached frame is
+    copied into a buffer; and the next cache is the new frames themselves (the last
+    ``CACHE_T`` frames of ``prev ++ x`` and of ``x`` alike), so no tail is written either.
+    """
+    if (not settings.split_cached_frames or not isinstance(prev, torch.Tensor)
+            or x.shape[2] != CACHE_T or pads(conv)[0] != CACHE_T
+            or prev.shape[2] != CACHE_T or prev.shape[:2] != x.shape[:2]
+            or prev.shape[3:] != x.shape[3:] or prev.dtype != x.dtype or prev.device != x.device
+            or not prev.is_contiguous(memory_format=CL3D)
+            or not _as_2d_taps(conv, x) or narrow_route(conv, 0)):
+        return None
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+
+
+def split_tap_parts(conv, prev: torch.Tensor, new: torch.Tensor, pad_h: int,
+                    pad_w: int) -> list[torch.Tensor]:
+    """``tap_parts`` of the conv over ``prev ++ new`` (``CACHE_T`` frames each, see
+    ``split_input_frames``) without that buffer: the same two parts, each output frame the
+    same sums (tap 0 + tap 1, then tap 2)."""
+    taps, cached_frames, new_frames = _tap_weights(conv), _frames(prev), _frames(new)
+
+    def tap(k: int, frames: torch.Tensor) -> torch.Tensor:
+        return F.conv2d(frames, taps[k], None, padding=(pad_h, pad_w))
+
+    first = tap(0, cached_frames)
+    first[:1] += tap(1, cached_frames[1:])
+    first[1:] += tap(1, new_frames[:1])
+    return [_as_video(first), _as_video(tap(2, new_frames))]
 
 
 def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
@@ -307,6 +366,38 @@ def cache_tail(inp: torch.Tensor, zeros: int, new: torch.Tensor,
     shape = list(new.shape)
     shape[2] = total - start
     return torch.empty(shape, dtype=new.dtype, device=new.device, memory_format=CL3D)
+
+
+def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[torch.Tensor],
+                     prev: torch.Tensor | None, keep: bool, own: bool,
+                     in_bias: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """A residual block's ``norm`` (+ SiLU) of ``sum(inputs) + in_bias`` and then its causal
+    ``conv`` over the cached frames ``prev`` and that: ``(conv parts without the bias, next
+    cache or None)``; the next cache is what the stock block stores (``own``: ``wan_code.OWN``)
+    where ``keep``.
+
+    The norm writes straight into the conv's input: its own tensor where the conv reads the
+    cached frames in place (``split_input_frames``), else behind them in an assembled buffer
+    (``causal_input``), together with the frames the conv caches (``cache_tail``) where they
+    are new ones. ``inputs`` is emptied once the norm has read it, so the caller's last
+    reference to them goes before the conv allocates its outputs (peak memory).
+    """
+    x, addends = inputs[0], tuple(inputs[1:])
+    new = split_input_frames(conv, x, prev)
+    if new is not None:
+        norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new)
+        inputs.clear()
+        del x, addends
+        return split_tap_parts(conv, prev, new, *pads(conv)[1:]), new if keep else None
+    inp, new, zeros = causal_input(conv, x, prev, writable=True)
+    cache = cache_tail(inp, zeros, new, own) if keep else None
+    norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new, tail=cache)
+    inputs.clear()
+    del x, addends
+    if keep and cache is None:
+        cache = next_cache(inp, zeros, new.shape[2] if own else None)
+    del new
+    return conv_parts(conv, inp), cache
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,

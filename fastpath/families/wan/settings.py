@@ -29,6 +29,11 @@ class WanSettings:
     # (``rms_norm_silu``'s frame tail) instead of a clone pass reading them back: the same
     # bytes, one read of them fewer. Off: ``next_cache`` clones, as before.
     cache_from_norm: bool = True
+    # A residual block's 2-D-taps convs (Wan 2.1's 96 channels at full resolution) read their
+    # cached frames where they lie in ComfyUI 0.33's two-frame pieces (``split_tap_parts``):
+    # no copy of the cached frames into an assembled input, and the new frames are the next
+    # cache. Off: every conv assembles its input (``causal_input``), as before.
+    split_cached_frames: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
