@@ -174,6 +174,10 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
 # 2-D convs, one per temporal tap, over frame views of the same buffer (2.4 vs 3.2 ms for
 # 96->96 at 480x832x4 in bf16); from 192 channels cuDNN's 3-D kernels win. Costs two extra
 # roundings of the partial sums (the taps add in the activation dtype).
+# Wider convs stay on cuDNN's 3-D kernels in 0.33's two-frame pieces too: running them as
+# 2-D taps there to read the cached frames in place (``split_tap_parts``) gained nothing:
+# Wan 2.1 x33 and Wan 2.2 704p within -1.3..+2.2% of this limit, interleaved on both trees
+# (H200, docs/benchmark/f037ac7).
 TAPS_MAX_CHANNELS = 128
 
 
@@ -263,6 +267,10 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
         if len(parts) == 2 and k < 2:
             # At most two tap outputs alive: three put the fast path's peak memory one
             # full-resolution activation above stock's (measured +146 MiB, Wan 2.1 480p).
+            # With the blocks reading their cached frames in place (``split_tap_parts``) a
+            # third part, the middle tap written by cuDNN's out= form, fitted (2949 MiB against
+            # stock's 3095 on 0.33) but gained 0.6% on Wan 2.1 x33, inside the spread of ten
+            # interleaved rounds on either tree (H200, docs/benchmark/f037ac7): not taken.
             parts[0] += parts.pop()
     return [_as_video(p) for p in parts]
 
