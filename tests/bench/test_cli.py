@@ -419,3 +419,19 @@ def test_bench_host_copies_sets_the_switches_and_records_them(tmp_path, monkeypa
     assert code == 0
     assert (host_copy.memmove, host_copy.parts, pixel_settings.cast_latent_on_device) == (memmove, parts, cast)
     assert json.loads(path.read_text())["environment"]["host_copies"] == recorded
+
+
+def test_host_bound_case_is_wan21_x33_at_a_small_size_and_not_a_default():
+    """``wan21-host-33`` measures the host's cost of a Wan 2.1 x33 decode: the same decoder,
+    latent channels and frames (so the same chunks, pieces and routes, none of which depends on
+    H x W), at a size whose kernels take microseconds. It is asked for by name only: the
+    default selection stays the full-size cases TARGETS.md measures."""
+    from fast_vae_decode.bench.cases import CASES, DEFAULT_CASES, select_cases
+
+    host, full = CASES["wan21-host-33"], CASES["wan21-480p-33"]
+    assert host.arch == full.arch and host.latent_shape[:3] == full.latent_shape[:3]
+    assert host.latent_shape[3] * host.latent_shape[4] * 32 < full.latent_shape[3] * full.latent_shape[4]
+    assert "wan21-host-33" not in DEFAULT_CASES and not host.tiny
+    assert "wan21-480p-33" in DEFAULT_CASES
+    assert [c.name for c in select_cases("all")] == list(DEFAULT_CASES)
+    assert [c.name for c in select_cases("wan21-host-33")] == ["wan21-host-33"]
