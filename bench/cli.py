@@ -368,6 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--host-top", type=_count(0), default=0, metavar="N",
                       help="also run one decode under cProfile and list the N functions the "
                            "host spent most time in (default %(default)s: not run)")
+    prof.add_argument("--timeline", action="store_true",
+                      help="also record one unprofiled decode's module calls with CUDA events: "
+                           "where the GPU waited for the host, per decoder call (the profiler "
+                           "slows the host, so its host-late idle overstates that)")
     prof.add_argument("--seed", type=int, default=0)
     prof.add_argument("--json", dest="json_path", default=None,
                       help="write each case's summary here")
@@ -701,6 +705,12 @@ def _profile(args) -> int:
                 for _ in range(args.warmup):
                     decode()
                 walls = [timed_call(decode, subject.device)[0] for _ in range(args.decodes)]
+                line = None
+                if args.timeline:
+                    from ..fastpath.gate import decoder_models
+                    from . import timeline
+
+                    line = timeline.record(decoder_models(subject.vae)[0], decode, subject.device)
                 profiled, trace, (_, info) = gpu_profile.profile_decode(decode, subject.device)
                 path = info.get("text", "")
                 host = None
@@ -715,10 +725,15 @@ def _profile(args) -> int:
             print(gpu_profile.summary_markdown(f"{case.name} ({path or args.quality})", walls,
                                                profiled, summary))
             print()
+            if line is not None:
+                print(timeline.timeline_markdown(line))
+                print()
             if host:
                 print(host)
             summaries[case.name] = {"wall_ms": walls, "profiled_wall_ms": profiled,
                                     "path": path, **dataclasses.asdict(summary)}
+            if line is not None:
+                summaries[case.name]["timeline"] = dataclasses.asdict(line)
     if args.json_path:
         import json
 
