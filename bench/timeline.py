@@ -14,7 +14,8 @@ the host clock through a reference event recorded while the GPU was idle. At a h
     lag = GPU time - host time
 
 the work queued ahead of the GPU when the host reached that call. A lag under ``DRY_MS`` means
-the GPU had run dry and was waiting for that very launch.
+the GPU had run dry and was waiting for that very launch. The two clocks agree to about 0.1 ms
+(the reference's launch latency against each hook's: lags of -0.1 ms were seen on the H200).
 
 The summary is a pure function of the recorded rows (``summarise``), tested without a GPU.
 """
@@ -102,9 +103,12 @@ def hooked(model: torch.nn.Module, depth: int = 3) -> Iterator[list]:
 
     def pre(name: str):
         def hook(module, args):
+            # The host clock before the record, as for the reference: on an idle GPU both
+            # then see the same launch latency.
             event = torch.cuda.Event(enable_timing=True)
+            host = time.perf_counter()
             event.record()
-            records.append((name, time.perf_counter(), event))
+            records.append((name, host, event))
         return hook
 
     handles = [module.register_forward_pre_hook(pre(name or ROOT))
