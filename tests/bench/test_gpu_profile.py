@@ -87,6 +87,14 @@ def test_the_markdown_has_the_totals_and_every_section():
     assert "| largest gaps, ms | class | before |" in text and "host-late" in text
 
 
+def test_a_decode_the_profiler_slowed_says_its_host_late_idle_is_overstated():
+    s = gpu_profile.analyse_trace(_trace())
+    slowed = gpu_profile.summary_markdown("tiny (high)", [1.0, 1.5, 1.2], 2.0, s)
+    assert "took 1.67x the unprofiled median" in slowed and "--timeline" in slowed
+    for walls in ([1.9, 2.0, 2.1], []):  # within 10% of the median, or no unprofiled decode
+        assert "unprofiled median" not in gpu_profile.summary_markdown("tiny", walls, 2.0, s)
+
+
 def test_profile_without_a_gpu_says_so_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     code = main(["profile", "--no-comfyui", "--cases", "tiny-sdxl"])
