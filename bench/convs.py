@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from ..fastpath.families.wan.ops import single_tap_2d_shape
 from .cases import Case
 
 SCHEMA = "fast_vae_decode.convs/1"
@@ -110,13 +111,16 @@ def _record(name: str, module: torch.nn.Module, x: torch.Tensor, cached: bool) -
         return ConvShape(kind, route, tuple(x.shape), cout, kernel, tuple(k // 2 for k in kernel))
     kt, kh, kw = kernel
     n, c, t, h, w = x.shape
-    if kt > 1 and not cached and t == 1:
+    single = kt > 1 and not cached and t == 1
+    if single:
         kt, frames = 1, 1  # no cache, one frame: only the last temporal tap meets real data
     else:
         frames = t + kt - 1
     kernel = (kt, kh, kw)
     taps = kernel == (3, 3, 3) or (kt == 1 and kernel != (1, 1, 1) and kernel[1:] == (3, 3))
-    route = "taps" if taps and n == 1 and c <= NARROW_TAPS else "conv3d"
+    # Wider single frames run their last tap as conv2d where the fused path routes them so.
+    wide_single = single and single_tap_2d_shape(module, tuple(x.shape))
+    route = "taps" if taps and n == 1 and (c <= NARROW_TAPS or wide_single) else "conv3d"
     return ConvShape(kind, route, (n, c, frames, h, w), cout, kernel, (0, kh // 2, kw // 2))
 
 

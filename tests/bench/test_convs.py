@@ -50,6 +50,12 @@ def test_wan_shapes_carry_the_cached_frames(collected):
         convs.ConvShape("head", "taps", (1, 96, 1, 480, 832), 3, (1, 3, 3), (0, 1, 1)): 1}
     wide = _find(wan, kind="causal 3x3x3", input=(1, 384, 3, 60, 104))
     assert list(wide.values()) == [80] and next(iter(wide)).route == "conv3d"
+    # The first chunk's single frames: 2-D from 128² pixels up to 384 channels, as the fused
+    # path runs them (wan.ops.single_tap_2d_shape); smaller frames stay conv3d.
+    first = _find(wan, kind="causal 3x3x3", input=(1, 384, 1, 120, 208))
+    assert first and all(s.route == "taps" and s.kernel == (1, 3, 3) for s in first)
+    small = _find(wan, kind="causal 3x3x3", input=(1, 384, 1, 60, 104))
+    assert small and all(s.route == "conv3d" for s in small)
     time_convs = _find(wan, kind="time 3x1x1")
     assert all(s.kernel in ((3, 1, 1), (1, 1, 1)) for s in time_convs)
     # Chunk 1 skips both time convs; at the deepest level chunk 2 convolves its one frame

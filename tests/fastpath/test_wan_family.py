@@ -245,6 +245,66 @@ def test_high_with_per_tap_convs_close_to_lossless(models, kind, shape, monkeypa
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
+def test_high_with_first_chunk_convs_as_2d_close_to_lossless(models, kind, shape, monkeypatch):
+    """The GPU's route for a first chunk's single uncached frame, forced on the CPU: every
+    batch-1 3x3x3 conv over one frame runs its last temporal tap as ``conv2d``
+    (``last_tap_part``); later chunks keep their route."""
+    taken = []
+
+    def one_frame(conv, inp):
+        ok = inp.shape[0] == 1 and inp.shape[2] == 1 and tuple(conv.kernel_size) == (3, 3, 3)
+        taken.append(ok)
+        return ok
+
+    monkeypatch.setattr(wan_ops, "_single_tap_2d", one_frame)
+    got, expected, stats = _high_and_stock(models, kind, shape)
+    assert any(taken) and not all(taken) and stats.fallbacks == {} and stats.fused_calls > 0
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_last_tap_part_is_the_conv3d_of_one_uncached_frame():
+    from fast_vae_decode.fastpath.families.wan.ops import last_tap_part
+    from fast_vae_decode.fastpath.video_ops import CL3D
+
+    gen = torch.Generator().manual_seed(6)
+    conv = torch.nn.Conv3d(6, 5, 3)
+    x = torch.randn(1, 6, 1, 7, 9, generator=gen).contiguous(memory_format=CL3D)
+    with torch.no_grad():
+        got = last_tap_part(conv, x, 1, 1)
+        padded = torch.nn.functional.pad(x, (0, 0, 0, 0, 2, 0))  # the causal zero frames
+        expected = torch.nn.functional.conv3d(padded, conv.weight, None, padding=(0, 1, 1))
+    assert got.shape == expected.shape and got.is_contiguous(memory_format=CL3D)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def _conv(cin, cout, kernel=3, **kw):
+    return torch.nn.Conv3d(cin, cout, kernel, device="meta", **kw)
+
+
+# The route's bounds, each from the H200 measurements at ``SINGLE_TAP_2D_MAX_CHANNELS``.
+@pytest.mark.parametrize("conv,shape,taken", [
+    (_conv(384, 384), (1, 384, 1, 120, 208), True),  # Wan 2.1 480p, up stage 1
+    (_conv(192, 384), (1, 192, 1, 120, 208), True),  # a block widening 192 -> 384
+    (_conv(384, 384), (1, 384, 1, 128, 128), True),  # Qwen-Image's smallest frames
+    (_conv(384, 384), (1, 384, 1, 60, 104), False),  # under 128²: conv3d was faster
+    (_conv(512, 512), (1, 512, 1, 352, 640), False),  # Wan 2.2's widths: conv3d was faster
+    (_conv(384, 384), (1, 384, 2, 120, 208), False),  # two frames: more than one tap
+    (_conv(384, 384), (2, 384, 1, 120, 208), False),  # batch 2: no frames-as-batch view
+    (_conv(384, 384, (1, 3, 3)), (1, 384, 1, 120, 208), False),  # not a 3x3x3 causal conv
+    (_conv(384, 384, stride=(1, 2, 2)), (1, 384, 1, 120, 208), False),
+])
+def test_first_chunk_convs_run_as_2d_only_where_measured_faster(conv, shape, taken):
+    assert wan_ops.single_tap_2d_shape(conv, shape) is taken
+
+
+def test_first_chunk_convs_stay_conv3d_off_the_gpu():
+    conv = torch.nn.Conv3d(384, 384, 3, device="meta")
+    meta = torch.empty(1, 384, 1, 128, 128, device="meta")
+    assert wan_ops.single_tap_2d_shape(conv, meta.shape)
+    assert not wan_ops._single_tap_2d(conv, meta)  # not a CUDA tensor: cuDNN was measured
+
+
 def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypatch):
     """A fused block that raises after its first conv must not have touched feat_cache.
 

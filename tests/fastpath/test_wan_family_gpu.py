@@ -107,3 +107,32 @@ def test_split_tap_parts_at_480p_on_gpu():
     err_got, err_expected = ((t.float() - exact).abs().max().item() for t in (got, expected))
     assert err_got <= 1.25 * err_expected + 1e-3
     torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.cuda
+def test_first_chunk_convs_as_2d_on_gpu(monkeypatch):
+    """A first chunk's single uncached frame on the GPU (Qwen-Image's 384 channels at 128²):
+    the 3x3x3 conv runs its last tap as ``conv2d`` with the setting on and as ``conv3d`` with it
+    off, the two within bf16 rounding of an fp32 conv of the same weights."""
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
+    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv3d(384, 384, 3, padding=(0, 1, 1)).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 384, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
+    x = x.contiguous(memory_format=CL3D)
+    routed = []
+    real = wan_ops.last_tap_part
+    monkeypatch.setattr(wan_ops, "last_tap_part", lambda *a: routed.append(1) or real(*a))
+    with torch.no_grad():
+        exact = torch.nn.functional.conv3d(torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 2, 0)),
+                                           conv.weight.float(), conv.bias.float(), padding=(0, 1, 1))
+        outs = {}
+        for on in (True, False):
+            monkeypatch.setattr(wan_ops.settings, "single_frame_2d", on)
+            routed.clear()
+            outs[on] = sum_parts(wan_ops.conv_parts(conv, x), conv.bias).float()
+            assert len(routed) == int(on)
+    scale = exact.abs().max()
+    for on in (True, False):
+        assert (outs[on] - exact).abs().max() <= 0.02 * scale

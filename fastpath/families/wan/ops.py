@@ -187,6 +187,42 @@ def _as_2d_taps(conv, inp: torch.Tensor) -> bool:
             and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
 
 
+# A decode's first chunk meets each 3x3x3 conv with one frame and nothing cached, so only the
+# last temporal tap applies: a 2-D conv. Up to this width cuDNN runs it faster as ``conv2d``
+# over the frame than as a (1, 3, 3) ``conv3d`` (H200, torch 2.11, bf16, channels-last, median
+# of 30; docs/benchmark/7c40816, kt1.log): 384 -> 384 at 120x208 0.139 vs 0.175 ms, 192 -> 384
+# at 120x208 0.073 vs 0.102, 192 at 240x416 0.127 vs 0.149; Qwen-Image's 384 at 128² and 256²
+# 0.098 vs 0.128 and 0.249 vs 0.418, 192 at 512² 0.291 vs 0.334. Not wider (Wan 2.2's 1024
+# at 88x160: 0.409 vs 0.373; 512 -> 256 at 352x640: 0.780 vs 0.704), nor frames under 128²
+# (384 at 60x104: 0.085 vs 0.070).
+SINGLE_TAP_2D_MAX_CHANNELS = 384
+SINGLE_TAP_2D_MIN_PIXELS = 128 * 128
+
+
+def single_tap_2d_shape(conv, shape: tuple[int, ...]) -> bool:
+    """Whether a conv's input of ``shape`` is one uncached frame that ``last_tap_part`` takes
+    and the measurements above favour."""
+    return (len(shape) == 5 and shape[0] == 1 and shape[2] == 1
+            and shape[3] * shape[4] >= SINGLE_TAP_2D_MIN_PIXELS
+            and max(conv.in_channels, conv.out_channels) <= SINGLE_TAP_2D_MAX_CHANNELS
+            and tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1)
+            and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
+
+
+def _single_tap_2d(conv, inp: torch.Tensor) -> bool:
+    # cuDNN's kernels are what was measured: elsewhere the conv3d stays.
+    return settings.single_frame_2d and inp.is_cuda and single_tap_2d_shape(conv, inp.shape)
+
+
+def last_tap_part(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> torch.Tensor:
+    """The 3x3x3 conv (no bias) of one uncached frame: its last temporal tap as a 2-D conv
+    over the frame (a channels-last view), again a (1, C, 1, H, W) channels-last-3d tensor."""
+    weight = weight_of(conv)
+    tap = cached(conv, "last_tap_2d", (weight,), lambda: weight[:, :, -1].detach()
+                 .contiguous(memory_format=torch.channels_last), keep=is_stable(conv))
+    return to_cl3d(_as_video(F.conv2d(_frames(inp), tap, None, padding=(pad_h, pad_w))))
+
+
 def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
     """The conv of the assembled input ``inp`` (see ``causal_input``) *without its bias*, as
     channels-last-3d tensors whose sum is the result: one, or two per-tap 2-D conv outputs.
@@ -201,6 +237,8 @@ def conv_parts(conv, inp: torch.Tensor) -> list[torch.Tensor]:
         return narrow
     if _as_2d_taps(conv, inp):
         return tap_parts(conv, inp, pad_h, pad_w)
+    if _single_tap_2d(conv, inp):  # one uncached frame: short == 2
+        return [last_tap_part(conv, inp, pad_h, pad_w)]
     weight = conv_weight(conv, CL3D)
     if short > 0:  # as ComfyUI's autopad="causal_zero": only the taps that meet real frames
         full = weight_of(conv)

@@ -34,6 +34,11 @@ class WanSettings:
     # no copy of the cached frames into an assembled input, and the new frames are the next
     # cache. Off: every conv assembles its input (``causal_input``), as before.
     split_cached_frames: bool = True
+    # A first chunk's 3x3x3 convs of 192-384 channels (one uncached frame of at least 128²:
+    # only the last temporal tap applies) as ``conv2d`` over the frame instead of a (1, 3, 3)
+    # ``conv3d`` (``ops.last_tap_part``; per-conv numbers at ``ops.SINGLE_TAP_2D_MAX_CHANNELS``).
+    # Off: ``conv3d`` with the last tap's weight, as before.
+    single_frame_2d: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
