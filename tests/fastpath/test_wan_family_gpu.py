@@ -112,27 +112,24 @@ def test_split_tap_parts_at_480p_on_gpu():
 @pytest.mark.cuda
 def test_first_chunk_convs_as_2d_on_gpu(monkeypatch):
     """A first chunk's single uncached frame on the GPU (Qwen-Image's 384 channels at 128²):
-    the 3x3x3 conv runs its last tap as ``conv2d`` with the setting on and as ``conv3d`` with it
-    off, the two within bf16 rounding of an fp32 conv of the same weights."""
+    routed to ``last_tap_part`` with the setting on and not with it off; its conv2d and the
+    conv3d it replaces are both within bf16 rounding of an fp32 conv of the same weights."""
     from fast_vae_decode.fastpath.families.wan import ops as wan_ops
-    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
+    from fast_vae_decode.fastpath.video_ops import CL3D
 
     torch.manual_seed(0)
-    conv = torch.nn.Conv3d(384, 384, 3, padding=(0, 1, 1)).to("cuda", torch.bfloat16)
+    conv = torch.nn.Conv3d(384, 384, 3).to("cuda", torch.bfloat16)
     x = torch.randn(1, 384, 1, 128, 128, device="cuda", dtype=torch.bfloat16)
     x = x.contiguous(memory_format=CL3D)
-    routed = []
-    real = wan_ops.last_tap_part
-    monkeypatch.setattr(wan_ops, "last_tap_part", lambda *a: routed.append(1) or real(*a))
+    for on in (True, False):
+        monkeypatch.setattr(wan_ops.settings, "single_frame_2d", on)
+        assert wan_ops._single_tap_2d(conv, x) is on
     with torch.no_grad():
         exact = torch.nn.functional.conv3d(torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 2, 0)),
-                                           conv.weight.float(), conv.bias.float(), padding=(0, 1, 1))
-        outs = {}
-        for on in (True, False):
-            monkeypatch.setattr(wan_ops.settings, "single_frame_2d", on)
-            routed.clear()
-            outs[on] = sum_parts(wan_ops.conv_parts(conv, x), conv.bias).float()
-            assert len(routed) == int(on)
+                                           conv.weight.float(), None, padding=(0, 1, 1))
+        as_2d = wan_ops.last_tap_part(conv, x, 1, 1).float()
+        as_3d = torch.nn.functional.conv3d(x, conv.weight[:, :, 2:], None, padding=(0, 1, 1)).float()
+    assert as_2d.shape == exact.shape == as_3d.shape
     scale = exact.abs().max()
-    for on in (True, False):
-        assert (outs[on] - exact).abs().max() <= 0.02 * scale
+    for got in (as_2d, as_3d):
+        assert (got - exact).abs().max() <= 0.02 * scale
