@@ -37,7 +37,10 @@ class WanSettings:
     # A first chunk's 3x3x3 convs of 192-384 channels (one uncached frame of at least 128²:
     # only the last temporal tap applies) as ``conv2d`` over the frame instead of a (1, 3, 3)
     # ``conv3d`` (``ops.last_tap_part``; per-conv numbers at ``ops.SINGLE_TAP_2D_MAX_CHANNELS``).
-    # Off: ``conv3d`` with the last tap's weight, as before.
+    # Off: ``conv3d`` with the last tap's weight, as before. Interleaved on the H200 against
+    # off, 10 rounds, 0.33 / 0.8 (docs/benchmark/7c40816): Qwen-Image 1024² -1.4 / -6.2%; Wan
+    # 2.1 x33 +0.7 / +0.3% and Wan 2.2 +0.5 / +0.1%, inside their spreads (their first chunk
+    # is host-bound: the GPU waits for its launches either way).
     single_frame_2d: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
