@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections import Counter
@@ -161,7 +162,7 @@ def _slowed_host_note(wall_ms: list[float], profiled_wall_ms: float) -> list[str
     decode, against ~17 ms in the first decoder call unprofiled)."""
     if not wall_ms:
         return []
-    median = sorted(wall_ms)[len(wall_ms) // 2]
+    median = statistics.median(wall_ms)
     if median <= 0 or profiled_wall_ms <= SLOWED_HOST * median:
         return []
     return [f"The profiled decode took {profiled_wall_ms / median:.2f}x the unprofiled median: "

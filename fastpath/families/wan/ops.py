@@ -181,10 +181,15 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
 TAPS_MAX_CHANNELS = 128
 
 
+def _plain_3x3x3(conv) -> bool:
+    """A 3x3x3 conv without stride, dilation or groups: its taps are 2-D convs of frames."""
+    return (tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1)
+            and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
+
+
 def _as_2d_taps(conv, inp: torch.Tensor) -> bool:
     return (inp.is_cuda and inp.shape[0] == 1 and inp.shape[1] <= TAPS_MAX_CHANNELS
-            and tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1)
-            and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
+            and _plain_3x3x3(conv))
 
 
 # A decode's first chunk meets each 3x3x3 conv with one frame and nothing cached, so only the
@@ -205,8 +210,7 @@ def single_tap_2d_shape(conv, shape: tuple[int, ...]) -> bool:
     return (len(shape) == 5 and shape[0] == 1 and shape[2] == 1
             and shape[3] * shape[4] >= SINGLE_TAP_2D_MIN_PIXELS
             and max(conv.in_channels, conv.out_channels) <= SINGLE_TAP_2D_MAX_CHANNELS
-            and tuple(conv.kernel_size) == (3, 3, 3) and tuple(conv.stride) == (1, 1, 1)
-            and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
+            and _plain_3x3x3(conv))
 
 
 def _single_tap_2d(conv, inp: torch.Tensor) -> bool:
