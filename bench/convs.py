@@ -14,7 +14,9 @@ construction. Each hooked conv is recorded as the fused path runs it (``ConvShap
 - a Wan causal conv reads its cached frames (or zero frames) in front of the new ones: input
   frames = new + kernel - 1; the first chunk's single uncached frame meets only the last
   temporal tap (the pack's ``causal_zero`` taps);
-- narrow batch-1 3x3x3 convs run as three 2-D convs over frame views (``wan.ops.tap_parts``);
+- narrow batch-1 3x3x3 convs run as three 2-D convs over frame views (``wan.ops.tap_parts``),
+  and those at ``wan.ops.STACKED_TAPS_MIN_PIXELS`` as one 2-D conv over a channel-stacked input
+  (``kernels.stacked_taps``);
 - a 4-channel latent's ``conv_in`` runs in the stock layout (``kl.decoder._conv_in_layout``).
 
 cuDNN runs channels-last(-3d) bf16 against channels-last weights, without bias (the pack adds
@@ -34,7 +36,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from ..fastpath.families.wan.ops import single_tap_2d_shape
+from ..fastpath.families.wan.ops import single_tap_2d_shape, stacked_taps_shape
 from .cases import Case
 
 SCHEMA = "fast_vae_decode.convs/1"
@@ -51,7 +53,8 @@ class ConvShape:
     (KH, KW); 3-D: (N, C, T, H, W) and (KT, KH, KW); ``padding`` per spatial axis."""
 
     kind: str  # conv_in | head | 3x3 | 1x1 | upsample (4x4/2 folded) | causal 3x3x3 | ...
-    route: str  # the pack's cuDNN call today: conv2d | conv2d-nchw | conv3d | taps | transposed
+    # the pack's cuDNN call today: conv2d | conv2d-nchw | conv3d | taps | stacked | transposed
+    route: str
     input: tuple[int, ...]
     cout: int
     kernel: tuple[int, ...]
@@ -121,6 +124,8 @@ def _record(name: str, module: torch.nn.Module, x: torch.Tensor, cached: bool) -
     # Wider single frames run their last tap as conv2d where the fused path routes them so.
     wide_single = single and single_tap_2d_shape(module, tuple(x.shape))
     route = "taps" if taps and n == 1 and (c <= NARROW_TAPS or wide_single) else "conv3d"
+    if not single and stacked_taps_shape(module, (n, c, t, h, w), kt - 1 if cached else 0):
+        route = "stacked"
     return ConvShape(kind, route, (n, c, frames, h, w), cout, kernel, (0, kh // 2, kw // 2))
 
 
@@ -378,6 +383,13 @@ def cudnn_call(shape: ConvShape, x: torch.Tensor, weight: torch.Tensor):
     if shape.route == "conv2d":
         w = weight.contiguous(memory_format=fmt)
         return lambda: F.conv2d(x, w, None, padding=shape.padding)
+    if shape.route == "stacked":
+        from ..kernels.stacked_taps import fill_stacked_, new_stacked_input, stacked_taps_weight
+
+        n, c, t, h, w = x.shape
+        buffer = fill_stacked_(new_stacked_input(t - 2, c, h, w, x.dtype, x.device), x, 0)
+        ws = stacked_taps_weight(weight)
+        return lambda: F.conv2d(buffer, ws, None, padding=shape.padding[1:])
     if shape.route == "taps":
         frames = x[0].permute(1, 0, 2, 3)  # (T, C, H, W) channels-last view
         kt = shape.kernel[0]

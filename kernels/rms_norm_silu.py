@@ -55,6 +55,7 @@ from .accepts import (
     same_layout,
 )
 from .backend import launch, on_device, tl, triton
+from .stacked_taps import TAPS, fill_stacked_
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
 MAX_CHANNELS = 8192
@@ -91,7 +92,7 @@ def reflect_border_(out: torch.Tensor, border: int) -> torch.Tensor:
 
 def rms_norm_silu_reference(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
-    out_border=0, tail=None,
+    out_border=0, tail=None, stacked=None, stacked_first=0,
 ):
     """Stock math with fp32 accumulation; the test oracle (where the kernel declines, the caller
     runs the stock module).
@@ -101,7 +102,8 @@ def rms_norm_silu_reference(
     The norm's input is ``x + addends... + in_bias`` summed in fp32 in
     that order (the kernel's order). Returns
     ``x.dtype``: a new tensor, or ``out`` written in place when given; ``tail`` (5-D, K frames)
-    gets the result's last K frames.
+    gets the result's last K frames; ``stacked`` gets every frame in each slot it feeds
+    (``stacked_taps.fill_stacked_``) and is returned.
     """
     channels = x.shape[1]
     shape = (channels,) + (1,) * (x.dim() - 2)
@@ -125,6 +127,8 @@ def rms_norm_silu_reference(
         y = F.silu(y)
     if tail is not None:
         tail.copy_(y[:, :, y.shape[2] - tail.shape[2]:])
+    if stacked is not None:
+        return fill_stacked_(stacked, y, stacked_first)
     if out is not None:
         return reflect_border_(out.copy_(y), out_border)
     return y.to(x.dtype)
@@ -182,6 +186,28 @@ def _out_reason(out, x: torch.Tensor, addends, out_border: int = 0) -> str | Non
     return None
 
 
+def _stacked_reason(stacked, first, x: torch.Tensor, out, out_border: int) -> str | None:
+    if not isinstance(stacked, torch.Tensor):
+        return f"stacked is {type(stacked).__name__}, not a tensor"
+    if out is not None or out_border:
+        return "stacked with out"
+    if x.dim() != 5 or x.shape[0] != 1:
+        return "stacked needs one 5-D video"
+    c = x.shape[1]
+    if (stacked.dim() != 4 or stacked.shape[1] != TAPS * c
+            or tuple(stacked.shape[2:]) != tuple(x.shape[3:])):
+        return f"stacked {tuple(stacked.shape)} does not hold frames of {tuple(x.shape)}"
+    if stacked.dtype != x.dtype or stacked.device != x.device:
+        return "stacked differs from the input in dtype or device"
+    if not stacked.is_contiguous(memory_format=torch.channels_last):
+        return "stacked not channels-last"
+    if not isinstance(first, int) or first < 0:
+        return f"stacked_first {first!r}"
+    if math.prod(x.shape[2:]) >= 2**31:
+        return "stacked frames of 2**31 or more pixels (int32 coordinates)"
+    return None
+
+
 def _tail_reason(tail, x: torch.Tensor, out, out_border: int) -> str | None:
     if not isinstance(tail, torch.Tensor):
         return f"tail is {type(tail).__name__}, not a tensor"
@@ -201,7 +227,7 @@ def _tail_reason(tail, x: torch.Tensor, out, out_border: int) -> str | None:
 
 def rms_norm_silu_unsupported(
     x, gamma, bias, *, addends=(), in_bias=None, out=None, layout: bool = True, out_border: int = 0,
-    tail=None,
+    tail=None, stacked=None, stacked_first: int = 0,
 ) -> str | None:
     """None when :func:`rms_norm_silu` takes these inputs; otherwise a short reason.
 
@@ -235,13 +261,20 @@ def rms_norm_silu_unsupported(
             return reason
     elif out_border:
         return "a reflected border needs out"
+    if stacked is not None:
+        reason = _stacked_reason(stacked, stacked_first, x, out, out_border)
+        if reason is not None:
+            return reason
+        if any(stacked.data_ptr() == t.data_ptr() for t in (x, *addends)):
+            return "stacked aliases an input"
     if tail is not None:
         reason = _tail_reason(tail, x, out, out_border)
         if reason is not None:
             return reason
-        if any(tail.data_ptr() == t.data_ptr() for t in (x, *addends, *(() if out is None else (out,)))):
+        if any(tail.data_ptr() == t.data_ptr()
+               for t in (x, *addends, *(t for t in (out, stacked) if t is not None))):
             return "tail aliases an input or out"
-    return autograd_reason(x, gamma, bias, in_bias, out, tail, *addends)
+    return autograd_reason(x, gamma, bias, in_bias, out, tail, stacked, *addends)
 
 
 @functools.lru_cache(maxsize=64)
@@ -298,9 +331,9 @@ if triton is not None:
     def _tile_store(x, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols, col_mask,
                     mask, n, offs, out_stride_n, height, width, out_stride_t, out_stride_h,
                     out_stride_w, pixels, has_tail, tail_start, tail_stride_n, bias_scalar,
-                    channels, OUT_STRIDED: tl.constexpr, REFLECT: tl.constexpr,
-                    HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
-                    BLOCK_P: tl.constexpr):
+                    channels, stack_first, stack_frames, OUT_STRIDED: tl.constexpr,
+                    REFLECT: tl.constexpr, HAS_GAMMA: tl.constexpr, HAS_BIAS: tl.constexpr,
+                    SILU: tl.constexpr, BLOCK_P: tl.constexpr, SLOTS: tl.constexpr):
         """The normed, scaled (and SiLU'd) column tile, stored to out (and the frame tail)."""
         y = x * factor[:, None]
         if HAS_GAMMA:
@@ -323,8 +356,18 @@ if triton is not None:
             w = r32 - t * frame - h * width
             at = (n * out_stride_n + t.to(tl.int64) * out_stride_t + h.to(tl.int64) * out_stride_h
                   + w.to(tl.int64) * out_stride_w)
-            dst = out_ptr + at[:, None] + cols[None, :]
-            tl.store(dst, y, mask=mask)
+            if SLOTS > 1:
+                # The stacked layout (``stacked_taps``): frame t also feeds slot k of output
+                # frame t + stack_first - k, k channel-widths further along the pixel.
+                hw_at = h.to(tl.int64) * out_stride_h + w.to(tl.int64) * out_stride_w
+                for k in tl.static_range(SLOTS):
+                    tk = t + stack_first - k
+                    ok = (tk >= 0) & (tk < stack_frames)
+                    at_k = tk.to(tl.int64) * out_stride_t + hw_at + k * channels
+                    tl.store(out_ptr + at_k[:, None] + cols[None, :], y, mask=mask & ok[:, None])
+            else:
+                dst = out_ptr + at[:, None] + cols[None, :]
+                tl.store(dst, y, mask=mask)
             if REFLECT:
                 # The one-pixel border by reflection: row -1 <- row 1, row H <- row H-2 (the same
                 # for columns); a pixel may feed two rows, two columns and four corners. Each
@@ -366,7 +409,7 @@ if triton is not None:
     # input bias and an addend (H200, Wan 2.1 sizes, 96-384 channels, interleaved), which
     # costs more than their variants' compile time in a warm-up that compiles in parallel.
     @triton.jit(do_not_specialize=["pixels", "height", "width", "has_tail", "tail_start",
-                                   "tail_stride_n"])
+                                   "tail_stride_n", "stack_first", "stack_frames"])
     def _rms_norm_silu_kernel(
         x_ptr,
         a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
@@ -391,6 +434,8 @@ if triton is not None:
         scale,
         eps,
         bias_scalar,
+        stack_first,  # read only when SLOTS > 1: the stacked layout (``stacked_taps``)
+        stack_frames,
         OUT_STRIDED: tl.constexpr,
         REFLECT: tl.constexpr,
         N_ADDENDS: tl.constexpr,
@@ -402,6 +447,7 @@ if triton is not None:
         BLOCK_P: tl.constexpr,
         BLOCK_C: tl.constexpr,
         SPLIT: tl.constexpr,  # 1, or 3: channels = 3 * BLOCK_C, three unmasked column tiles
+        SLOTS: tl.constexpr,  # 1, or the stacked layout's slots per output frame
     ):
         # int64 throughout: a Wan decode tensor has >2**31 elements at larger sizes.
         n = tl.program_id(1).to(tl.int64)
@@ -431,18 +477,20 @@ if triton is not None:
         _tile_store(xa, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols_a, col_mask_a,
                     mask_a, n, offs_a, out_stride_n, height, width, out_stride_t, out_stride_h,
                     out_stride_w, pixels, has_tail, tail_start, tail_stride_n, bias_scalar,
-                    channels, OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS, SILU, BLOCK_P)
+                    channels, stack_first, stack_frames, OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS,
+                    SILU, BLOCK_P, SLOTS)
         if SPLIT == 3:
             _tile_store(xb, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows, cols_a + BLOCK_C,
                         col_mask_a, mask_a, n, offs_a + BLOCK_C, out_stride_n, height, width,
                         out_stride_t, out_stride_h, out_stride_w, pixels, has_tail, tail_start,
-                        tail_stride_n, bias_scalar, channels, OUT_STRIDED, REFLECT, HAS_GAMMA,
-                        HAS_BIAS, SILU, BLOCK_P)
+                        tail_stride_n, bias_scalar, channels, stack_first, stack_frames, OUT_STRIDED,
+                        REFLECT, HAS_GAMMA, HAS_BIAS, SILU, BLOCK_P, SLOTS)
             _tile_store(xc, factor, gamma_ptr, bias_ptr, out_ptr, tail_ptr, rows,
                         cols_a + 2 * BLOCK_C, col_mask_a, mask_a, n, offs_a + 2 * BLOCK_C,
                         out_stride_n, height, width, out_stride_t, out_stride_h, out_stride_w,
                         pixels, has_tail, tail_start, tail_stride_n, bias_scalar, channels,
-                        OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS, SILU, BLOCK_P)
+                        stack_first, stack_frames, OUT_STRIDED, REFLECT, HAS_GAMMA, HAS_BIAS, SILU,
+                        BLOCK_P, SLOTS)
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:
@@ -451,7 +499,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def rms_norm_silu(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
-    out_border=0, tail=None,
+    out_border=0, tail=None, stacked=None, stacked_first=0,
 ) -> torch.Tensor | None:
     """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor
     (``mean_eps``: the pixel norm; ``gamma`` None: no scale).
@@ -464,18 +512,25 @@ def rms_norm_silu(
     a strided 5-D view with contiguous channels; with ``out_border=1`` it is the interior of a
     buffer one pixel wider on each side of H and W, whose border is written by reflection (the
     caller owns that memory; see the module docstring). ``tail``: a dense channels-last-3d
-    tensor of the last K frames' shape, written with them.
+    tensor of the last K frames' shape, written with them. ``stacked``: instead of ``out``, a
+    (T, 3C, H, W) channels-last conv input of ``stacked_taps``, which gets frame i of a 5-D
+    batch-1 result (sequence frame ``stacked_first + i``) in every slot it feeds; returned.
     """
     reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out,
-                                       out_border=out_border, tail=tail)
+                                       out_border=out_border, tail=tail, stacked=stacked,
+                                       stacked_first=stacked_first)
     if reason is not None:
         return None
-    if out is None:
+    slots = 1
+    if stacked is not None:
+        # The kernel's strided store, with the buffer's frame / row / pixel strides.
+        out, slots = stacked, TAPS
+    elif out is None:
         fmt = torch.channels_last_3d if x.dim() == 5 else torch.channels_last
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
     if x.numel() == 0:
         return out
-    strided = not pixels_dense(out) or out_border > 0
+    strided = slots > 1 or not pixels_dense(out) or out_border > 0
     batch, channels = x.shape[0], x.shape[1]
     pixels = x.numel() // (batch * channels)
     # Absent tensors get x as a placeholder pointer; the constexprs keep it unread.
@@ -500,13 +555,16 @@ def rms_norm_silu(
         channels,
         x.stride(0) if batch > 1 else 0,
         out.stride(0) if batch > 1 else 0,
-        *((out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
+        *((x.shape[3], x.shape[4], out.stride(0), *out.stride()[2:]) if slots > 1 else
+          (out.shape[3], out.shape[4], *out.stride()[2:]) if strided else (1, 1, 0, 0, 0)),
         int(tail is not None),
         pixels - (0 if tail is None else math.prod(tail.shape[2:])),
         tail.stride(0) if tail is not None and batch > 1 else 0,
         float(channels) ** 0.5,
         float(eps),
         bias_scalar,
+        stacked_first,
+        out.shape[0] if slots > 1 else 0,
     )
     meta = {
         "OUT_STRIDED": strided,
@@ -520,6 +578,7 @@ def rms_norm_silu(
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
         "SPLIT": split,
+        "SLOTS": slots,
     }
     with on_device(x.device):
         launch(_rms_norm_silu_kernel, grid, *args, **meta, num_warps=num_warps)

@@ -263,6 +263,68 @@ def test_high_with_first_chunk_convs_as_2d_close_to_lossless(models, kind, shape
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4], ("wan21", (1, 4, 4, 3, 5))],
+                         ids=[IDS[1], IDS[4], "wan21-4-frames"])
+def test_high_with_stacked_taps_convs_close_to_lossless(models, kind, shape, monkeypatch):
+    """The GPU's stacked route forced on the CPU: every batch-1 3x3x3 conv of equal widths
+    (but a first chunk's single uncached frame) runs as one 2-D conv over the channel-stacked
+    input its norm wrote, with the cached and zero frames copied in; the next caches are the
+    norm's frame tails. Off, the same decode takes the other routes."""
+    def forced(conv, x, n_prev):
+        return (wan_ops.settings.stacked_taps and x.shape[0] == 1
+                and conv.in_channels == conv.out_channels and wan_ops._plain_3x3x3(conv)
+                and (n_prev > 0 or x.shape[2] > 1))
+
+    monkeypatch.setattr(wan_ops, "_stacked_taps", forced)
+    results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
+                                                  "stacked_taps", "stacked_parts")
+    assert counts[False] == 0 and counts[True] > 0
+    torch.testing.assert_close(results[True], results[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_stacked_input_holds_the_zero_and_cached_frames_and_declines_caches_it_cannot_tail(
+        monkeypatch):
+    """``stacked_input``: the buffer's slots hold the causal zeros and the cached frames where
+    the conv reads them (its conv then equals conv3d of the assembled input once the new frames
+    are in), and it declines where the next cache would reach into the cached frames."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.kernels.stacked_taps import fill_stacked_
+    from fast_vae_decode.fastpath.video_ops import CL3D
+
+    monkeypatch.setattr(wan_ops, "_stacked_taps", lambda conv, x, n_prev: True)
+    gen = torch.Generator().manual_seed(4)
+    conv = WanCausalConv3d(6, 6, 3, padding=1)
+
+    def video(frames):
+        return torch.randn(1, 6, frames, 4, 5, generator=gen).contiguous(memory_format=CL3D)
+
+    for n_prev, n_new, keep, own, cache_frames in [
+        (0, 2, True, False, 2),  # no cache yet: two zero frames in front
+        (1, 4, True, False, 2),  # the chunk after a first frame: one zero frame, one cached
+        (2, 2, True, True, 2),  # ComfyUI 0.33's two-frame pieces
+        (2, 1, True, True, 1),  # one new frame, caching its own frames only (OWN)
+        (2, 1, False, False, None),  # nothing to cache
+    ]:
+        prev = video(n_prev) if n_prev else None
+        x = video(n_new)
+        buffer, first, cache = wan_ops.stacked_input(conv, x, prev, keep, own)
+        assert first == 2 and buffer.shape == (n_new, 18, 4, 5)
+        assert (cache is None) if cache_frames is None else cache.shape[2] == cache_frames
+        fill_stacked_(buffer, x, first)
+        with torch.no_grad():
+            got = wan_ops.stacked_parts(conv, buffer)[0]
+            parts = [torch.zeros(1, 6, 2 - n_prev, 4, 5)] + ([prev] if prev is not None else [])
+            inp = torch.cat(parts + [x], dim=2)
+            expected = torch.nn.functional.conv3d(inp, conv.weight, None, padding=(0, 1, 1))
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    # One new frame behind two cached under JOINED: the next cache holds a cached frame.
+    assert wan_ops.stacked_input(conv, video(1), video(2), True, False) is None
+    monkeypatch.setattr(wan_ops.settings, "cache_from_norm", False)
+    assert wan_ops.stacked_input(conv, video(2), video(2), True, True) is None
+
+
 def test_last_tap_part_is_the_conv3d_of_one_uncached_frame():
     from fast_vae_decode.fastpath.families.wan.ops import last_tap_part
     from fast_vae_decode.fastpath.video_ops import CL3D
@@ -296,6 +358,23 @@ def _conv(cin, cout, kernel=3, **kw):
 ])
 def test_first_chunk_convs_run_as_2d_only_where_measured_faster(conv, shape, taken):
     assert wan_ops.single_tap_2d_shape(conv, shape) is taken
+
+
+# The route's bounds, each from the H200 measurements at ``STACKED_TAPS_MIN_PIXELS``.
+@pytest.mark.parametrize("conv,shape,n_prev,taken", [
+    (_conv(96, 96), (1, 96, 4, 480, 832), 2, True),  # Wan 2.1 full resolution, 0.8's chunks
+    (_conv(96, 96), (1, 96, 2, 480, 832), 2, True),  # 0.33's two-frame pieces
+    (_conv(96, 96), (1, 96, 4, 480, 832), 0, True),  # nothing cached: two zero frames
+    (_conv(96, 96), (1, 96, 1, 480, 832), 0, False),  # one uncached frame: its single tap
+    (_conv(384, 384), (1, 384, 4, 120, 208), 2, True),  # Wan 2.1 up stage 1
+    (_conv(384, 384), (1, 384, 4, 60, 104), 2, False),  # not measured under 120x208
+    (_conv(192, 192), (1, 192, 4, 240, 416), 2, False),  # conv3d was faster
+    (_conv(192, 384), (1, 192, 4, 120, 208), 2, False),  # widening: not measured
+    (_conv(96, 96), (2, 96, 4, 480, 832), 2, False),  # batch 2
+    (_conv(96, 96, (1, 3, 3)), (1, 96, 4, 480, 832), 2, False),  # not a 3x3x3 conv
+])
+def test_stacked_taps_only_where_measured_faster(conv, shape, n_prev, taken):
+    assert wan_ops.stacked_taps_shape(conv, shape, n_prev) is taken
 
 
 def test_first_chunk_convs_stay_conv3d_off_the_gpu():

@@ -133,3 +133,35 @@ def test_first_chunk_convs_as_2d_on_gpu(monkeypatch):
     scale = exact.abs().max()
     for got in (as_2d, as_3d):
         assert (got - exact).abs().max() <= 0.02 * scale
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("new_frames", [4, 2], ids=["0.8-chunk", "0.33-piece"])
+def test_stacked_taps_at_480p_on_gpu(new_frames, monkeypatch):
+    """Wan 2.1's full-resolution 96-channel conv on the stacked route (bf16, cuDNN): routed with
+    the setting on, and its conv of the buffer ``stacked_input`` and the norm's store fill is at
+    least as close to an fp32 conv3d as the 2-D taps it replaces (one fp32 sum, not three)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
+    from fast_vae_decode.fastpath.video_ops import CL3D
+    from fast_vae_decode.kernels.stacked_taps import fill_stacked_
+
+    torch.manual_seed(0)
+    conv = WanCausalConv3d(96, 96, 3, padding=1).to("cuda", torch.bfloat16)
+    prev, new = (torch.randn(1, 96, n, 480, 832, device="cuda", dtype=torch.bfloat16)
+                 .contiguous(memory_format=CL3D) for n in (2, new_frames))
+    joined = torch.cat([prev, new], 2).contiguous(memory_format=CL3D)
+    for on in (False, True):
+        monkeypatch.setattr(wan_ops.settings, "stacked_taps", on)
+        assert (wan_ops.stacked_input(conv, new, prev, True, True) is not None) is on
+    buffer, first, tail = wan_ops.stacked_input(conv, new, prev, True, True)
+    assert first == 2 and tail.shape[2] == 2
+    with torch.no_grad():
+        fill_stacked_(buffer, new, first)
+        got = wan_ops.stacked_parts(conv, buffer)[0].float()
+        taps = sum(p.float() for p in wan_ops.tap_parts(conv, joined, 1, 1))
+        exact = torch.nn.functional.conv3d(joined.float(), conv.weight.float(), None,
+                                           padding=(0, 1, 1))
+    assert got.shape == exact.shape
+    assert (got - exact).abs().max() <= (taps - exact).abs().max() + 1e-3

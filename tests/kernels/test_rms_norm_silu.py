@@ -377,6 +377,65 @@ def test_a_tail_is_refused_beside_a_bordered_out():
     assert reason == "a frame tail with a strided or bordered out"
 
 
+# --- the stacked layout: every frame into each slot of a ``stacked_taps`` conv input it feeds --
+
+# (channels, frames, first, frames out, h, w, tail frames)
+STACKED_SHAPES = [
+    (96, 4, 2, 4, 5, 7, 2),  # Wan 2.1's C=96 (three column tiles) in a 0.8-style 4-frame chunk
+    # behind two cached frames: the first new frame feeds only slot 2, the last only slot 0..2
+    # of the outputs that exist
+    (48, 2, 2, 2, 3, 4, 2),  # 0.33's two-frame pieces; C=48 takes the split path too
+    (20, 3, 1, 2, 3, 3, 1),  # one tile, C not a multiple of 16; frames past the last output
+    # frame's slots are dropped
+    (96, 1, 0, 3, 2, 3, 0),  # a run at the front of the sequence (the first output's slot 0)
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dims", STACKED_SHAPES)
+def test_stacked_writes_each_frame_into_every_slot_it_feeds(dims, dtype):
+    channels, t, first, frames_out, h, w, k = dims
+    gen = torch.Generator().manual_seed(12)
+    x, addends, in_bias, gamma, bias = _fold_inputs(channels, t, h, w, 1, 1, True, dtype, gen)
+    stacked = torch.full((frames_out, 3 * channels, h, w), 7.0).to(dtype).contiguous(
+        memory_format=torch.channels_last)
+    expected = stacked.clone()
+    tail = _channels_last(torch.full((1, channels, k, h, w), float("nan")).to(dtype)) if k else None
+    kw = {"addends": addends, "in_bias": in_bias, "tail": tail}
+    assert rms_norm_silu_unsupported(x, gamma, bias, **kw, stacked=stacked,
+                                     stacked_first=first) is None
+    assert rms_norm_silu(x, gamma, bias, **kw, stacked=stacked, stacked_first=first) is stacked
+    ref_tail = None if tail is None else torch.empty_like(tail)
+    rms_norm_silu_reference(x, gamma, bias, addends=addends, in_bias=in_bias, tail=ref_tail,
+                            stacked=expected, stacked_first=first)
+    rtol = 1e-5 if dtype == torch.float32 else 2**-7
+    # Slots no frame feeds keep what they held (the caller's cached or zero frames).
+    assert torch.equal(stacked == 7, expected == 7)
+    torch.testing.assert_close(stacked, expected, rtol=rtol, atol=1e-5)
+    if tail is not None:
+        torch.testing.assert_close(tail, ref_tail, rtol=rtol, atol=1e-5)
+
+
+def _stacked_for(channels=8, h=3, w=3):
+    return torch.empty(2, channels, h, w).contiguous(memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("x,kw,reason", [
+    (_fold_x(), {"stacked": _stacked_for(16)}, "does not hold frames"),  # 3 slots of C=8: 24
+    (_fold_x(), {"stacked": _stacked_for(24, w=4)}, "does not hold frames"),
+    (_fold_x(), {"stacked": torch.empty(2, 24, 3, 3)}, "not channels-last"),
+    (_fold_x(), {"stacked": _stacked_for(24), "stacked_first": -1}, "stacked_first"),
+    (_fold_x(), {"stacked": _stacked_for(24), "out": torch.empty_like(_fold_x())},
+     "stacked with out"),
+    (_x((2, 8, 2, 3, 3)), {"stacked": _stacked_for(24)}, "one 5-D video"),
+])
+def test_stacked_buffers_of_another_shape_or_layout_are_refused(x, kw, reason):
+    got = rms_norm_silu_unsupported(x, torch.ones(8), None, **kw)
+    assert got is not None and reason in got
+    assert rms_norm_silu_unsupported(x[:1], torch.ones(8), None,
+                                     stacked=_stacked_for(24)) is None
+
+
 # --- the pixel norm (``mean_eps``): LTX VAE's ``PixelNorm``, with its blocks' scale/shift ----
 
 # (shape, with scale/shift, silu): LTX decoder widths are 128..1024; small and odd ones here.

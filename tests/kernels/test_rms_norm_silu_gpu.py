@@ -102,3 +102,28 @@ def test_cuda_frame_tail_at_wan21_full_resolution(frames, tail_frames):
     assert torch.equal(buf[:, :, :2], torch.zeros_like(buf[:, :, :2]))
     ref = rms_norm_silu_reference(x, gamma, None, addends=(addend,))
     torch.testing.assert_close(out, ref, rtol=2**-7, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("frames_out,h,w", [
+    (4, 480, 832),  # Wan 2.1 full resolution, a 0.8-style chunk: 460M-element buffer
+    (8, 720, 1296),  # a buffer of 8 x 288 x 720 x 1296 > 2**31 elements: int64 slot offsets
+])
+def test_cuda_stacked_conv_input_at_real_sizes(frames_out, h, w):
+    """A residual block's norm writing a ``stacked_taps`` conv input behind two cached frames:
+    every new frame in each slot it feeds, the frame tail for the next cache."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = (1, 96, frames_out, h, w)
+    x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
+    gamma = 1.0 + 0.5 * torch.randn(96, generator=gen, device="cuda")
+    stacked = torch.zeros((frames_out, 288, h, w), device="cuda", dtype=torch.bfloat16,
+                          memory_format=torch.channels_last)
+    tail = _channels_last(torch.empty((1, 96, 2, h, w), device="cuda", dtype=torch.bfloat16))
+    assert rms_norm_silu(x, gamma, None, stacked=stacked, stacked_first=2, tail=tail) is stacked
+    ref = rms_norm_silu_reference(x, gamma, None)
+    torch.testing.assert_close(tail, ref[:, :, -2:], rtol=2**-7, atol=1e-5)
+    for k in range(3):  # new frame i is slot k of output frame i + 2 - k, where that exists
+        lo, hi = max(0, k - 2), frames_out + k - 2
+        got = stacked[lo + 2 - k:hi + 2 - k, 96 * k:96 * (k + 1)].permute(1, 0, 2, 3)
+        torch.testing.assert_close(got, ref[0, :, lo:hi], rtol=2**-7, atol=1e-5)
+    assert not stacked[:2, :96].any() and not stacked[:1, 96:192].any()  # the cached frames' slots

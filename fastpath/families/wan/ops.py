@@ -19,10 +19,17 @@ import torch.nn.functional as F
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
+from ....kernels.stacked_taps import (
+    fill_stacked_,
+    new_stacked_input,
+    stacked_taps_conv,
+    stacked_taps_weight,
+)
 from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, method_code, stock_class
 from ...comfyui.weights import bias_of, comfy_cast_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
+from ...prewarm import frame_hint
 from ...video_ops import CL3D, add_parts, conv_weight, sum_parts, to_cl3d
 from .settings import settings
 
@@ -142,9 +149,12 @@ def _fill_tail(tail: torch.Tensor | None, y: torch.Tensor) -> None:
 
 def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
               addends: tuple = (), in_bias: torch.Tensor | None = None,
-              out: torch.Tensor | None = None, tail: torch.Tensor | None = None) -> torch.Tensor:
+              out: torch.Tensor | None = None, tail: torch.Tensor | None = None,
+              stacked: tuple[torch.Tensor, int] | None = None) -> torch.Tensor:
     """RMS norm (+ SiLU) of channels-last ``x + sum(addends) + in_bias``, into ``out`` if given;
-    ``tail`` (see ``cache_tail``) gets the result's last frames.
+    ``tail`` (see ``cache_tail``) gets the result's last frames; ``stacked``: ``(buffer,
+    first)``, a ``stacked_taps`` conv input that gets every frame in each slot it feeds
+    (then returned instead of the result).
 
     Callers check ``norm_reason`` for ``x`` first, so the kernel declining plain ``x`` means the
     checks and the kernel disagree: raising sends the caller to its stock path (before any
@@ -152,6 +162,14 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
     handled here by summing them in torch first: slower, same math up to one rounding. A tail
     the kernel declines is copied from the result afterwards: the same bytes either way.
     """
+    if stacked is not None:
+        buffer, first = stacked
+        y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu, addends=addends, in_bias=in_bias,
+                          tail=tail, stacked=buffer, stacked_first=first)
+        if y is not None:
+            return y
+        return fill_stacked_(buffer, norm_silu(norm, x, silu, addends=addends, in_bias=in_bias,
+                                               tail=tail), first)
     kw = {"silu": silu, "addends": addends, "in_bias": in_bias, "out": out}
     y = rms_norm_silu(x, norm.gamma, norm.bias, **kw, tail=tail)
     if y is None and tail is not None:
@@ -317,6 +335,70 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
     return [_as_video(p) for p in parts]
 
 
+# 3x3x3 convs run as one 2-D conv over a channel-stacked input (``kernels.stacked_taps``):
+# channels (in and out) -> the smallest frame measured faster that way than the route they had
+# (H200, torch 2.11, bf16, median of 20, docs/benchmark/<this session> kt2.log): 96 at
+# 480x832 x4 frames 1.755 ms against 2.174 for the 2-D taps and their adds (x2: 0.900 vs
+# 1.147); 384 at 120x208 x4 1.080 against conv3d's 1.327 (x2: 0.593 vs 0.750). 192 at 240x416
+# stays on conv3d (1.533 vs 1.303).
+STACKED_TAPS_MIN_PIXELS = {96: 0, 384: 120 * 208}
+
+
+def stacked_taps_shape(conv, shape: tuple[int, ...], n_prev: int) -> bool:
+    """Whether the conv over ``shape`` new frames behind ``n_prev`` cached ones is one of the
+    measured stacked shapes (one uncached frame keeps its single-tap route)."""
+    min_pixels = STACKED_TAPS_MIN_PIXELS.get(conv.in_channels)
+    return (min_pixels is not None and conv.out_channels == conv.in_channels
+            and len(shape) == 5 and shape[0] == 1 and _plain_3x3x3(conv)
+            and (n_prev > 0 or shape[2] > 1)
+            # a warm-up's small frames stand for the decode's (their kernel variants)
+            and (shape[3] * shape[4] >= min_pixels or frame_hint() is not None))
+
+
+def _stacked_taps(conv, x: torch.Tensor, n_prev: int) -> bool:
+    # cuDNN's kernels are what was measured: elsewhere the other routes stay.
+    return settings.stacked_taps and x.is_cuda and stacked_taps_shape(conv, tuple(x.shape), n_prev)
+
+
+def stacked_input(conv, x: torch.Tensor, prev: torch.Tensor | None, keep: bool,
+                  own: bool) -> tuple[torch.Tensor, int, torch.Tensor | None] | None:
+    """``(buffer, first, cache)`` for a conv on the stacked route: its ``stacked_taps`` input
+    with the causal zero frames and the cached frames ``prev`` in place, the sequence frame the
+    new frames start at (the producer writes them, ``norm_silu(stacked=)``), and an empty
+    tensor for the next cache (``cache_tail``'s rule; None unless ``keep``). None where the
+    route does not take the conv (then ``causal_input`` or ``split_input_frames`` does)."""
+    n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+    pad_t, n_new = pads(conv)[0], x.shape[2]
+    zeros = pad_t - n_prev
+    if zeros < 0 or not _stacked_taps(conv, x, n_prev):
+        return None
+    total = pad_t + n_new
+    cache = None
+    if keep:
+        start = max(zeros, total - CACHE_T)
+        if own:
+            start = max(start, total - n_new)
+        if start < total - n_new or not settings.cache_from_norm:
+            return None  # the next cache reaches into the cached frames: an assembled input
+        shape = list(x.shape)
+        shape[2] = total - start
+        cache = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+    buffer = new_stacked_input(n_new, x.shape[1], x.shape[3], x.shape[4], x.dtype, x.device)
+    if zeros:
+        fill_stacked_(buffer, None, 0, zeros)
+    if n_prev:
+        fill_stacked_(buffer, prev, zeros)
+    return buffer, zeros + n_prev, cache
+
+
+def stacked_parts(conv, buffer: torch.Tensor) -> list[torch.Tensor]:
+    """The conv (no bias) of its ``stacked_taps`` input: one part, as ``conv_parts``."""
+    weight = weight_of(conv)
+    folded = cached(conv, "stacked_taps", (weight,), lambda: stacked_taps_weight(weight.detach()),
+                    keep=is_stable(conv))
+    return [stacked_taps_conv(buffer, folded, *pads(conv)[1:])]
+
+
 def split_input_frames(conv, x: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor | None:
     """An empty tensor shaped like ``x`` for the new frames of a causal conv that reads its
     cached frames ``prev`` where they lie (``split_tap_parts``), or None where the conv takes
@@ -433,6 +515,13 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
     reference to them goes before the conv allocates its outputs (peak memory).
     """
     x, addends = inputs[0], tuple(inputs[1:])
+    stacked = stacked_input(conv, x, prev, keep, own)
+    if stacked is not None:
+        buffer, first, cache = stacked
+        norm_silu(norm, x, addends=addends, in_bias=in_bias, tail=cache, stacked=(buffer, first))
+        inputs.clear()
+        del x, addends
+        return stacked_parts(conv, buffer), cache
     new = split_input_frames(conv, x, prev)
     if new is not None:
         norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new)

@@ -42,6 +42,11 @@ class WanSettings:
     # 2.1 x33 +0.7 / +0.3% and Wan 2.2 +0.5 / +0.1%, inside their spreads (their first chunk
     # is host-bound: the GPU waits for its launches either way).
     single_frame_2d: bool = True
+    # A residual block's 3x3x3 convs at the measured shapes (``ops.STACKED_TAPS_MIN_PIXELS``:
+    # Wan 2.1's 96 channels at full resolution, 384 from 120x208) as one 2-D conv over a
+    # channel-stacked input that the norm before it writes (``kernels.stacked_taps``), instead
+    # of 2-D taps and their adds or cuDNN's conv3d. Off: those routes, as before.
+    stacked_taps: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
