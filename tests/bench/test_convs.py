@@ -57,13 +57,13 @@ def test_wan_shapes_carry_the_cached_frames(collected):
     small = _find(wan, kind="causal 3x3x3", input=(1, 384, 1, 60, 104))
     assert small and all(s.route == "conv3d" for s in small)
     # Cached chunks at the stacked shapes (wan.ops.STACKED_TAPS_MIN_PIXELS) run as one 2-D
-    # conv over the channel-stacked input; the widening 192 -> 384 conv keeps conv3d.
-    full = _find(wan, kind="causal 3x3x3", input=(1, 96, 6, 480, 832))
-    assert full and all(s.route == "stacked" for s in full)
+    # conv over the channel-stacked input; full resolution keeps its 2-D taps.
     stage1 = _find(wan, kind="causal 3x3x3", input=(1, 384, 4, 120, 208))
     assert stage1 and all(s.route == "stacked" for s in stage1)
     widening = _find(wan, kind="causal 3x3x3", input=(1, 192, 4, 120, 208))
-    assert widening and all(s.route == "conv3d" for s in widening)
+    assert widening and all(s.route == "stacked" for s in widening)
+    full = _find(wan, kind="causal 3x3x3", input=(1, 96, 6, 480, 832))
+    assert full and all(s.route == "taps" for s in full)
     time_convs = _find(wan, kind="time 3x1x1")
     assert all(s.kernel in ((3, 1, 1), (1, 1, 1)) for s in time_convs)
     # Chunk 1 skips both time convs; at the deepest level chunk 2 convolves its one frame

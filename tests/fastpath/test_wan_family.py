@@ -362,16 +362,16 @@ def test_first_chunk_convs_run_as_2d_only_where_measured_faster(conv, shape, tak
 
 # The route's bounds, each from the H200 measurements at ``STACKED_TAPS_MIN_PIXELS``.
 @pytest.mark.parametrize("conv,shape,n_prev,taken", [
-    (_conv(96, 96), (1, 96, 4, 480, 832), 2, True),  # Wan 2.1 full resolution, 0.8's chunks
-    (_conv(96, 96), (1, 96, 2, 480, 832), 2, True),  # 0.33's two-frame pieces
-    (_conv(96, 96), (1, 96, 4, 480, 832), 0, True),  # nothing cached: two zero frames
-    (_conv(96, 96), (1, 96, 1, 480, 832), 0, False),  # one uncached frame: its single tap
-    (_conv(384, 384), (1, 384, 4, 120, 208), 2, True),  # Wan 2.1 up stage 1
-    (_conv(384, 384), (1, 384, 4, 60, 104), 2, False),  # not measured under 120x208
+    (_conv(384, 384), (1, 384, 2, 120, 208), 2, True),  # Wan 2.1 up stage 1, 0.8's chunks
+    (_conv(384, 384), (1, 384, 4, 120, 208), 2, True),  # 0.33's pairs of latent frames
+    (_conv(192, 384), (1, 192, 2, 120, 208), 2, True),  # the block widening into it
+    (_conv(384, 384), (1, 384, 4, 120, 208), 0, True),  # nothing cached: two zero frames
+    (_conv(384, 384), (1, 384, 1, 120, 208), 0, False),  # one uncached frame: its single tap
+    (_conv(384, 384), (1, 384, 1, 60, 104), 2, False),  # conv3d was faster at 60x104
+    (_conv(96, 96), (1, 96, 4, 480, 832), 2, False),  # the slots' bytes cost more than it won
     (_conv(192, 192), (1, 192, 4, 240, 416), 2, False),  # conv3d was faster
-    (_conv(192, 384), (1, 192, 4, 120, 208), 2, False),  # widening: not measured
-    (_conv(96, 96), (2, 96, 4, 480, 832), 2, False),  # batch 2
-    (_conv(96, 96, (1, 3, 3)), (1, 96, 4, 480, 832), 2, False),  # not a 3x3x3 conv
+    (_conv(384, 384), (2, 384, 4, 120, 208), 2, False),  # batch 2
+    (_conv(384, 384, (1, 3, 3)), (1, 384, 4, 120, 208), 2, False),  # not a 3x3x3 conv
 ])
 def test_stacked_taps_only_where_measured_faster(conv, shape, n_prev, taken):
     assert wan_ops.stacked_taps_shape(conv, shape, n_prev) is taken

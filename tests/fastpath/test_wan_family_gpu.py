@@ -136,11 +136,11 @@ def test_first_chunk_convs_as_2d_on_gpu(monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("new_frames", [4, 2], ids=["0.8-chunk", "0.33-piece"])
-def test_stacked_taps_at_480p_on_gpu(new_frames, monkeypatch):
-    """Wan 2.1's full-resolution 96-channel conv on the stacked route (bf16, cuDNN): routed with
-    the setting on, and its conv of the buffer ``stacked_input`` and the norm's store fill is at
-    least as close to an fp32 conv3d as the 2-D taps it replaces (one fp32 sum, not three)."""
+@pytest.mark.parametrize("new_frames", [2, 4], ids=["0.8-chunk", "0.33-chunk"])
+def test_stacked_taps_at_wan21_stage1_on_gpu(new_frames, monkeypatch):
+    """Wan 2.1's 384-channel convs at 120x208 on the stacked route (bf16, cuDNN): routed with the
+    setting on, and the conv of the buffer ``stacked_input`` and the norm's store fill is at
+    least as close to an fp32 conv3d as cuDNN's bf16 conv3d it replaces (one fp32 sum)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
     from fast_vae_decode.fastpath.families.wan import ops as wan_ops
@@ -148,8 +148,8 @@ def test_stacked_taps_at_480p_on_gpu(new_frames, monkeypatch):
     from fast_vae_decode.kernels.stacked_taps import fill_stacked_
 
     torch.manual_seed(0)
-    conv = WanCausalConv3d(96, 96, 3, padding=1).to("cuda", torch.bfloat16)
-    prev, new = (torch.randn(1, 96, n, 480, 832, device="cuda", dtype=torch.bfloat16)
+    conv = WanCausalConv3d(384, 384, 3, padding=1).to("cuda", torch.bfloat16)
+    prev, new = (torch.randn(1, 384, n, 120, 208, device="cuda", dtype=torch.bfloat16)
                  .contiguous(memory_format=CL3D) for n in (2, new_frames))
     joined = torch.cat([prev, new], 2).contiguous(memory_format=CL3D)
     for on in (False, True):
@@ -160,8 +160,8 @@ def test_stacked_taps_at_480p_on_gpu(new_frames, monkeypatch):
     with torch.no_grad():
         fill_stacked_(buffer, new, first)
         got = wan_ops.stacked_parts(conv, buffer)[0].float()
-        taps = sum(p.float() for p in wan_ops.tap_parts(conv, joined, 1, 1))
+        as_3d = torch.nn.functional.conv3d(joined, conv.weight, None, padding=(0, 1, 1)).float()
         exact = torch.nn.functional.conv3d(joined.float(), conv.weight.float(), None,
                                            padding=(0, 1, 1))
     assert got.shape == exact.shape
-    assert (got - exact).abs().max() <= (taps - exact).abs().max() + 1e-3
+    assert (got - exact).abs().max() <= (as_3d - exact).abs().max() + 1e-3

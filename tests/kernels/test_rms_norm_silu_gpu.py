@@ -116,8 +116,8 @@ def test_cuda_stacked_conv_input_at_real_sizes(frames_out, h, w):
     shape = (1, 96, frames_out, h, w)
     x = _channels_last(torch.randn(shape, generator=gen, device="cuda").to(torch.bfloat16))
     gamma = 1.0 + 0.5 * torch.randn(96, generator=gen, device="cuda")
-    stacked = torch.zeros((frames_out, 288, h, w), device="cuda", dtype=torch.bfloat16,
-                          memory_format=torch.channels_last)
+    stacked = torch.empty((frames_out, 288, h, w), device="cuda", dtype=torch.bfloat16,
+                          memory_format=torch.channels_last).zero_()
     tail = _channels_last(torch.empty((1, 96, 2, h, w), device="cuda", dtype=torch.bfloat16))
     assert rms_norm_silu(x, gamma, None, stacked=stacked, stacked_first=2, tail=tail) is stacked
     ref = rms_norm_silu_reference(x, gamma, None)

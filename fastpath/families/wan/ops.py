@@ -336,20 +336,23 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
 
 
 # 3x3x3 convs run as one 2-D conv over a channel-stacked input (``kernels.stacked_taps``):
-# channels (in and out) -> the smallest frame measured faster that way than the route they had
-# (H200, torch 2.11, bf16, median of 20, docs/benchmark/<this session> kt2.log): 96 at
-# 480x832 x4 frames 1.755 ms against 2.174 for the 2-D taps and their adds (x2: 0.900 vs
-# 1.147); 384 at 120x208 x4 1.080 against conv3d's 1.327 (x2: 0.593 vs 0.750). 192 at 240x416
-# stays on conv3d (1.533 vs 1.303).
-STACKED_TAPS_MIN_PIXELS = {96: 0, 384: 120 * 208}
+# (channels in, out) -> the smallest frame measured faster that way, end to end. Per conv (H200,
+# torch 2.11, bf16, median of 20, docs/benchmark/<this session> kt2*.log), against cuDNN's
+# conv3d: 384 at 120x208, 2 / 4 frames out, 0.593 / 1.080 vs 0.750 / 1.327 ms; 192 -> 384
+# there 0.298 / 0.521 vs 0.332 / 0.638. Not 384 at 60x104 (1 frame: 0.218 vs 0.120), nor 192 at
+# 240x416 (4 frames: 1.533 vs 1.303). Not Wan 2.1's 96 channels at 480x832 either, although
+# the conv alone won there (4 frames: 1.710 vs 2.133 for the 2-D taps with their adds): the
+# slots' extra bytes (each new frame written three times, the cached frames copied into three
+# slots) took it back, and Wan 2.1 x33 ran 0.9% (0.8) and 4.4% (0.33) slower with it,
+# interleaved (inter-stacked-*.log).
+STACKED_TAPS_MIN_PIXELS = {(384, 384): 120 * 208, (192, 384): 120 * 208}
 
 
 def stacked_taps_shape(conv, shape: tuple[int, ...], n_prev: int) -> bool:
     """Whether the conv over ``shape`` new frames behind ``n_prev`` cached ones is one of the
     measured stacked shapes (one uncached frame keeps its single-tap route)."""
-    min_pixels = STACKED_TAPS_MIN_PIXELS.get(conv.in_channels)
-    return (min_pixels is not None and conv.out_channels == conv.in_channels
-            and len(shape) == 5 and shape[0] == 1 and _plain_3x3x3(conv)
+    min_pixels = STACKED_TAPS_MIN_PIXELS.get((conv.in_channels, conv.out_channels))
+    return (min_pixels is not None and len(shape) == 5 and shape[0] == 1 and _plain_3x3x3(conv)
             and (n_prev > 0 or shape[2] > 1)
             # a warm-up's small frames stand for the decode's (their kernel variants)
             and (shape[3] * shape[4] >= min_pixels or frame_hint() is not None))

@@ -43,9 +43,9 @@ class WanSettings:
     # is host-bound: the GPU waits for its launches either way).
     single_frame_2d: bool = True
     # A residual block's 3x3x3 convs at the measured shapes (``ops.STACKED_TAPS_MIN_PIXELS``:
-    # Wan 2.1's 96 channels at full resolution, 384 from 120x208) as one 2-D conv over a
-    # channel-stacked input that the norm before it writes (``kernels.stacked_taps``), instead
-    # of 2-D taps and their adds or cuDNN's conv3d. Off: those routes, as before.
+    # Wan 2.1's 384-channel convs from 120x208) as one 2-D conv over a channel-stacked input
+    # that the norm before it writes (``kernels.stacked_taps``), instead of cuDNN's conv3d.
+    # Off: conv3d, as before.
     stacked_taps: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
