@@ -15,8 +15,8 @@ construction. Each hooked conv is recorded as the fused path runs it (``ConvShap
   frames = new + kernel - 1; the first chunk's single uncached frame meets only the last
   temporal tap (the pack's ``causal_zero`` taps);
 - narrow batch-1 3x3x3 convs run as three 2-D convs over frame views (``wan.ops.tap_parts``),
-  and those at ``wan.ops.STACKED_TAPS_MIN_PIXELS`` as one 2-D conv over a channel-stacked input
-  (``kernels.stacked_taps``);
+  and, with ``stacked_taps`` set, those at ``wan.ops.STACKED_TAPS_MIN_PIXELS`` as one 2-D conv
+  over a channel-stacked input (``kernels.stacked_taps``);
 - a 4-channel latent's ``conv_in`` runs in the stock layout (``kl.decoder._conv_in_layout``).
 
 cuDNN runs channels-last(-3d) bf16 against channels-last weights, without bias (the pack adds
@@ -37,6 +37,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from ..fastpath.families.wan.ops import single_tap_2d_shape, stacked_taps_shape
+from ..fastpath.families.wan.settings import settings as wan_settings
 from .cases import Case
 
 SCHEMA = "fast_vae_decode.convs/1"
@@ -124,7 +125,8 @@ def _record(name: str, module: torch.nn.Module, x: torch.Tensor, cached: bool) -
     # Wider single frames run their last tap as conv2d where the fused path routes them so.
     wide_single = single and single_tap_2d_shape(module, tuple(x.shape))
     route = "taps" if taps and n == 1 and (c <= NARROW_TAPS or wide_single) else "conv3d"
-    if not single and stacked_taps_shape(module, (n, c, t, h, w), kt - 1 if cached else 0):
+    if (not single and wan_settings.stacked_taps
+            and stacked_taps_shape(module, (n, c, t, h, w), kt - 1 if cached else 0)):
         route = "stacked"
     return ConvShape(kind, route, (n, c, frames, h, w), cout, kernel, (0, kh // 2, kw // 2))
 

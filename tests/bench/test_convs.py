@@ -56,12 +56,6 @@ def test_wan_shapes_carry_the_cached_frames(collected):
     assert first and all(s.route == "taps" and s.kernel == (1, 3, 3) for s in first)
     small = _find(wan, kind="causal 3x3x3", input=(1, 384, 1, 60, 104))
     assert small and all(s.route == "conv3d" for s in small)
-    # Cached chunks at the stacked shapes (wan.ops.STACKED_TAPS_MIN_PIXELS) run as one 2-D
-    # conv over the channel-stacked input; full resolution keeps its 2-D taps.
-    stage1 = _find(wan, kind="causal 3x3x3", input=(1, 384, 4, 120, 208))
-    assert stage1 and all(s.route == "stacked" for s in stage1)
-    widening = _find(wan, kind="causal 3x3x3", input=(1, 192, 4, 120, 208))
-    assert widening and all(s.route == "stacked" for s in widening)
     full = _find(wan, kind="causal 3x3x3", input=(1, 96, 6, 480, 832))
     assert full and all(s.route == "taps" for s in full)
     time_convs = _find(wan, kind="time 3x1x1")
@@ -70,6 +64,19 @@ def test_wan_shapes_carry_the_cached_frames(collected):
     # uncached (the last tap only), chunks 3-9 with a cache; one level up all 8 see 3 taps.
     assert sum(n for s, n in time_convs.items() if s.kernel == (3, 1, 1)) == 15
     assert sum(n for s, n in time_convs.items() if s.kernel == (1, 1, 1)) == 1
+
+
+def test_wan_shapes_on_the_stacked_route_when_it_is_set(monkeypatch):
+    """With ``stacked_taps`` set, cached chunks at the stacked shapes
+    (wan.ops.STACKED_TAPS_MIN_PIXELS) are recorded as the one 2-D conv over the channel-stacked
+    input; full resolution keeps its 2-D taps."""
+    monkeypatch.setattr(convs.wan_settings, "stacked_taps", True)
+    wan = convs.collect_conv_shapes([CASES["wan21-480p-33"]])["wan21-480p-33"]
+    for shape in ((1, 384, 4, 120, 208), (1, 192, 4, 120, 208)):
+        found = _find(wan, kind="causal 3x3x3", input=shape)
+        assert found and all(s.route == "stacked" for s in found)
+    full = _find(wan, kind="causal 3x3x3", input=(1, 96, 6, 480, 832))
+    assert full and all(s.route == "taps" for s in full)
 
 
 def test_flops_and_output():

@@ -45,8 +45,11 @@ class WanSettings:
     # A residual block's 3x3x3 convs at the measured shapes (``ops.STACKED_TAPS_MIN_PIXELS``:
     # Wan 2.1's 384-channel convs from 120x208) as one 2-D conv over a channel-stacked input
     # that the norm before it writes (``kernels.stacked_taps``), instead of cuDNN's conv3d.
-    # Off: conv3d, as before.
-    stacked_taps: bool = True
+    # Off by default: each conv measured 0.03-0.25 ms faster alone, but interleaved against
+    # conv3d (H200, 6 rounds, docs/benchmark/<this session> inter-stacked384-*.log) Wan 2.1 x33 /
+    # x81 moved -0.3 / -0.3% on 0.8 and +2.1 / -0.1% on 0.33, inside their spreads: no gain
+    # measured end to end, so the simpler route stays.
+    stacked_taps: bool = False
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
