@@ -7,7 +7,7 @@ taps side by side, (Cout, 3C, 3, 3). Then the conv is ``conv2d(buffer, weight)``
 spatial padding done by the conv: one GEMM of K = 27 C, accumulated in fp32 in one sum (the
 per-tap route rounds its partial sums to the activation dtype before adding them).
 
-Why (H200, torch 2.11, cuDNN 9.19, bf16, median of 20, docs/benchmark/<this session>): 384 ->
+Why (H200, torch 2.11, cuDNN 9.19, bf16, median of 20, docs/benchmark/b28b6be): 384 ->
 384 at 4 x 120 x 208, cuDNN's conv3d 1.327 ms, stacked 1.080; 96 -> 96 at 4 x 480 x 832, conv3d
 2.856, three 2-D taps and their adds 2.174, stacked 1.755 (453 TFLOP/s). Which convs take it is
 the caller's measured table (``fastpath.families.wan.ops.STACKED_TAPS_MIN_PIXELS``).

@@ -335,15 +335,16 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
     return [_as_video(p) for p in parts]
 
 
-# 3x3x3 convs run as one 2-D conv over a channel-stacked input (``kernels.stacked_taps``):
-# (channels in, out) -> the smallest frame measured faster that way, end to end. Per conv (H200,
-# torch 2.11, bf16, median of 20, docs/benchmark/<this session> kt2*.log), against cuDNN's
+# 3x3x3 convs run as one 2-D conv over a channel-stacked input (``kernels.stacked_taps``,
+# where ``settings.stacked_taps`` is set; off by default, see there): (channels in, out) -> the
+# smallest frame where the conv alone measured faster that way. Per conv (H200,
+# torch 2.11, bf16, median of 20, docs/benchmark/b28b6be, kt2-*.log), against cuDNN's
 # conv3d: 384 at 120x208, 2 / 4 frames out, 0.593 / 1.080 vs 0.750 / 1.327 ms; 192 -> 384
 # there 0.298 / 0.521 vs 0.332 / 0.638. Not 384 at 60x104 (1 frame: 0.218 vs 0.120), nor 192 at
 # 240x416 (4 frames: 1.533 vs 1.303). Not Wan 2.1's 96 channels at 480x832 either, although
 # the conv alone won there (4 frames: 1.710 vs 2.133 for the 2-D taps with their adds): the
 # slots' extra bytes (each new frame written three times, the cached frames copied into three
-# slots) took it back, and Wan 2.1 x33 ran 0.9% (0.8) and 4.4% (0.33) slower with it,
+# slots) took it back, and Wan 2.1 x33 ran 0.9% (0.8) and 4.6% (0.33) slower with it,
 # interleaved (inter-stacked-*.log).
 STACKED_TAPS_MIN_PIXELS = {(384, 384): 120 * 208, (192, 384): 120 * 208}
 

@@ -46,7 +46,7 @@ class WanSettings:
     # Wan 2.1's 384-channel convs from 120x208) as one 2-D conv over a channel-stacked input
     # that the norm before it writes (``kernels.stacked_taps``), instead of cuDNN's conv3d.
     # Off by default: each conv measured 0.03-0.25 ms faster alone, but interleaved against
-    # conv3d (H200, 6 rounds, docs/benchmark/<this session> inter-stacked384-*.log) Wan 2.1 x33 /
+    # conv3d (H200, 6 rounds, docs/benchmark/b28b6be, inter-stacked384-*.log) Wan 2.1 x33 /
     # x81 moved -0.3 / -0.3% on 0.8 and +2.1 / -0.1% on 0.33, inside their spreads: no gain
     # measured end to end, so the simpler route stays.
     stacked_taps: bool = False
