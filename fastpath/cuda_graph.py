@@ -42,7 +42,7 @@ import torch
 
 from .cache import generation, kept, kept_values
 from .comfyui.flags import cuda_graphs_disabled
-from .comfyui.weights import fetch_reason, is_stable, weight_of, weights_for_call
+from .comfyui.weights import call_tensors, weights_for_call
 from .log import log_once
 
 # A decoder's graphs share one pool, so two shapes (a tiled decode's full and edge tiles, the
@@ -172,18 +172,38 @@ def _weights(module: torch.nn.Module, x: torch.Tensor) -> tuple[tuple | None, st
     (None, why) when a module's cannot be fetched as tensors that outlive the call (streamed,
     cast per call, patched)."""
     fingerprint = []
-    for name, m in module.named_modules():
-        if not m._parameters:
-            continue
-        reason = fetch_reason(m, x)
-        if reason is None and not is_stable(m):
+    for m in _weighted_modules(module):
+        reason, tensors, stable = call_tensors(m, x)
+        if reason is None and not stable:
             reason = "weights copied per call"
         if reason is not None:
+            name = next((n for n, sub in module.named_modules() if sub is m), "")
             return None, f"{name or type(m).__name__}: {reason}"
-        for param in m._parameters:
-            t = weight_of(m, param)
-            fingerprint.append(None if t is None else t.data_ptr())
+        fingerprint.extend(None if t is None else t.data_ptr() for t in tensors)
     return tuple(fingerprint), None
+
+
+def _weighted_modules(root: torch.nn.Module) -> list[torch.nn.Module]:
+    """Every module under ``root`` (itself included, each once) that has Parameters, walked
+    afresh per call: a module ComfyUI swapped in since the capture must change the fingerprint.
+    ``named_modules`` without the names (its recursive generator and the name strings were a
+    third of a replay's host time before the graph launched)."""
+    found, seen, todo = [], set(), [root]
+    while todo:
+        m = todo.pop()
+        if id(m) in seen:
+            continue
+        seen.add(id(m))
+        if m._parameters:
+            found.append(m)
+        todo.extend(c for c in reversed(m._modules.values()) if c is not None)
+    return found
+
+
+def settings_key(settings) -> tuple:
+    """A family's settings dataclass as part of a graph's key: its field values in order (the
+    instance's own attributes; ``dataclasses.astuple`` deep-copies them, 10 us per replay)."""
+    return tuple(vars(settings).values())
 
 
 def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple,

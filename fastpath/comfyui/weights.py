@@ -302,6 +302,28 @@ def fetch_reason(module: torch.nn.Module, x: torch.Tensor) -> str | None:
     return stack[-1].fetch(module, x)
 
 
+def call_tensors(module: torch.nn.Module, x: torch.Tensor) -> tuple[str | None, tuple, bool]:
+    """``fetch_reason(module, x)``, then what ``weight_of`` gives for each of the module's
+    Parameter names in order and ``is_stable``, from one lookup: ``(reason, tensors, stable)``
+    (``()`` and False where there is a reason). For a caller that reads every weight of a
+    model per call (a CUDA-graph replay's fingerprint), where three lookups per module were
+    most of the host time between the latent's arrival and the replay."""
+    stack = _stack()
+    params = module._parameters
+    if not stack:
+        reason = comfy_cast_reason(module)
+        return (reason, (), False) if reason is not None else (None, tuple(params.values()), True)
+    hit = _fetched(module)
+    if hit is None:
+        reason = stack[-1].fetch(module, x)
+        if reason is not None:
+            return reason, (), False
+        hit = stack[-1].get(module)
+    if hit is None:
+        return None, tuple(params.values()), True
+    return None, tuple(hit.weight if n == "weight" else hit.bias for n in params), hit.stable
+
+
 def weight_of(module: torch.nn.Module, name: str = "weight") -> torch.Tensor | None:
     """The tensor the stock op would compute with for this call (``name``: weight or bias)."""
     fetched = _fetched(module)

@@ -9,6 +9,7 @@ every replay reads the weights and folds it was captured with. Tier 3
 """
 from __future__ import annotations
 
+import copy
 import sys
 import types
 
@@ -159,7 +160,14 @@ def _fold_dropped(model):
     cache.drop_fast_path_caches(model.decoder.up_blocks[0].upsamplers[0])  # rebuilt elsewhere
 
 
-@pytest.mark.parametrize("change", [_new_weight, _fold_dropped], ids=["new-weight", "fold-dropped"])
+def _new_module(model):
+    # An object patch (ComfyUI's set_attr) swapping a whole module: the fingerprint walks the
+    # modules afresh on every decode.
+    model.decoder.conv_out = copy.deepcopy(model.decoder.conv_out)
+
+
+@pytest.mark.parametrize("change", [_new_weight, _fold_dropped, _new_module],
+                         ids=["new-weight", "fold-dropped", "new-module"])
 def test_a_change_between_decodes_is_decoded_eagerly_then_captured_again(model, standin, change):
     """The graph read the old tensors' addresses: never replayed after they changed."""
     z = _latent()

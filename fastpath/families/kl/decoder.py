@@ -12,13 +12,11 @@ attention after each when the level has any, then the upsample), norm + SiLU, co
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from ....kernels.group_norm_silu import GROUP_NORM_SILU
 from ...comfyui.weights import bias_of, weights_for_call
-from ...cuda_graph import graphed_call
+from ...cuda_graph import graphed_call, settings_key
 from ...fused import FusedModule
 from ...prewarm import tiny_input
 from ...reasons import input_reason
@@ -97,7 +95,7 @@ class _FusedDecoder(FusedModule):
         if not settings.cuda_graphs:
             return self._decode(z)
         # Everything in the settings may change which kernels the decode launches.
-        return graphed_call(self, z, self._decode, dataclasses.astuple(settings))
+        return graphed_call(self, z, self._decode, settings_key(settings))
 
     def _decode(self, z: torch.Tensor) -> torch.Tensor:
         conv_in, norm_out, conv_out = self._ends()

@@ -21,11 +21,9 @@ for a few percent of speed (docs/benchmark/268e0d1).
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from ...cuda_graph import graphed_call, settle
+from ...cuda_graph import graphed_call, settings_key, settle
 from ...gate import existing_gate
 from .settings import settings
 
@@ -44,7 +42,7 @@ def first_decoder_call(model: torch.nn.Module, decoder: torch.nn.Module, chunk: 
         cache = None if slots is None else [None] * slots
         return decoder(x, feat_cache=cache, feat_idx=[0], **kwargs), cache
 
-    key = (slots, tuple(sorted(kwargs.items())), dataclasses.astuple(settings))
+    key = (slots, tuple(sorted(kwargs.items())), settings_key(settings))
     out, cache = graphed_call(decoder, chunk, run, key, gate=gate)
     if feat_cache is not None:
         feat_cache[:] = cache
