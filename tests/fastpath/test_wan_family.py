@@ -290,8 +290,8 @@ def test_stacked_input_holds_the_zero_and_cached_frames_and_declines_caches_it_c
     are in), and it declines where the next cache would reach into the cached frames."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
-    from fast_vae_decode.kernels.stacked_taps import fill_stacked_
     from fast_vae_decode.fastpath.video_ops import CL3D
+    from fast_vae_decode.kernels.stacked_taps import fill_stacked_
 
     monkeypatch.setattr(wan_ops, "_stacked_taps", lambda conv, x, n_prev: True)
     gen = torch.Generator().manual_seed(4)
