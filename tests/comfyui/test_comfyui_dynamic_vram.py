@@ -192,6 +192,15 @@ def test_dynamic_vram_runs_fused_on_comfys_resident_weights(pack, vae, monkeypat
     assert ui["path"] == "high" and _rel_err(high, changed) < REL_TOL, ui["text"]
 
 
+def _one_lookup_agrees(weights, module, x) -> None:
+    """``call_tensors`` (a graph replay's fingerprint) gives what the three lookups give, for
+    a module already fetched in the open scope."""
+    reason, tensors, stable = weights.call_tensors(module, x)
+    assert reason is None and stable == weights.is_stable(module)
+    assert all(t is weights.weight_of(module, n)
+               for t, n in zip(tensors, module._parameters, strict=True))
+
+
 def test_norm_weights_kept_in_the_models_dtype_are_fetched_in_place(pack, vae, monkeypatch):
     """Dynamic VRAM keeps a GroupNorm's weights in the model's dtype (fp32 in a bf16 decode; fp64
     against fp32 here): the fused norm takes the slot's own tensors, the same every call (so a
@@ -212,6 +221,7 @@ def test_norm_weights_kept_in_the_models_dtype_are_fetched_in_place(pack, vae, m
                 assert weights.fetch_reason(norm, x) is None
                 assert weights.is_stable(norm)
                 fetched.append(weights.weight_of(norm))
+                _one_lookup_agrees(weights, norm, x)
         high, ui = _fast(pack, vae, z, "high")
     assert fetched[0] is fetched[1] is norm.__dict__["_v_weight"]
     assert fetched[0].dtype == torch.float64 and slots.open == 0
@@ -261,6 +271,7 @@ def test_small_norms_force_loaded_in_the_models_dtype_are_fetched_in_place(pack,
     def fetch():
         with weights.weights_for_call():
             assert weights.fetch_reason(norm, x) is None
+            _one_lookup_agrees(weights, norm, x)
             return weights.weight_of(norm), weights.bias_of(norm), weights.is_stable(norm)
 
     with torch.inference_mode():
@@ -294,6 +305,7 @@ def test_small_convs_force_loaded_in_the_models_dtype_get_one_kept_cast(pack, va
     def fetch():
         with weights.weights_for_call():
             assert weights.fetch_reason(conv, x) is None and weights.is_stable(conv)
+            _one_lookup_agrees(weights, conv, x)
             return weights.weight_of(conv), weights.bias_of(conv)
 
     with torch.inference_mode():
