@@ -354,12 +354,11 @@ if triton is not None:
             t = r32 // frame
             h = (r32 - t * frame) // width
             w = r32 - t * frame - h * width
-            at = (n * out_stride_n + t.to(tl.int64) * out_stride_t + h.to(tl.int64) * out_stride_h
-                  + w.to(tl.int64) * out_stride_w)
+            hw_at = h.to(tl.int64) * out_stride_h + w.to(tl.int64) * out_stride_w
+            at = n * out_stride_n + t.to(tl.int64) * out_stride_t + hw_at
             if SLOTS > 1:
                 # The stacked layout (``stacked_taps``): frame t also feeds slot k of output
                 # frame t + stack_first - k, k channel-widths further along the pixel.
-                hw_at = h.to(tl.int64) * out_stride_h + w.to(tl.int64) * out_stride_w
                 for k in tl.static_range(SLOTS):
                     tk = t + stack_first - k
                     ok = (tk >= 0) & (tk < stack_frames)

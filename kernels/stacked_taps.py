@@ -41,11 +41,6 @@ def slot_ranges(first: int, count: int, frames_out: int, slots: int = TAPS):
     return out
 
 
-def stacked_frames_out(total_frames: int) -> int:
-    """Output frames of a 3-tap conv over ``total_frames`` sequence frames (padding included)."""
-    return total_frames - (TAPS - 1)
-
-
 def new_stacked_input(frames_out: int, channels: int, height: int, width: int,
                       dtype: torch.dtype, device) -> torch.Tensor:
     """An empty (frames_out, 3 * channels, H, W) channels-last buffer."""

@@ -9,7 +9,6 @@ from fast_vae_decode.kernels.stacked_taps import (
     fill_stacked_,
     new_stacked_input,
     slot_ranges,
-    stacked_frames_out,
     stacked_taps_conv,
     stacked_taps_reference,
     stacked_taps_weight,
@@ -29,7 +28,7 @@ def test_stacked_conv_is_the_conv3d_of_the_assembled_input(cin, cout, frames, h,
     x = torch.randn(1, cin, frames + 2, h, w, generator=gen, dtype=torch.float64)
     weight = torch.randn(cout, cin, 3, 3 if pad else 1, 3 if pad else 1, generator=gen,
                          dtype=torch.float64)
-    buffer = new_stacked_input(stacked_frames_out(frames + 2), cin, h, w, x.dtype, x.device)
+    buffer = new_stacked_input(frames, cin, h, w, x.dtype, x.device)
     # In three runs as a decode fills it: zero frames, cached frames, new frames.
     fill_stacked_(buffer, None, 0, 1)
     fill_stacked_(buffer, x[:, :, 1:2], 1)
