@@ -101,6 +101,13 @@ KNOWN: dict[tuple[str, str], dict[tuple[frozenset, tuple], Code]] = {
         _key(_ATTENTION, ("x",)): Code(),
         _key(_ATTENTION, _X_CACHE + ("final",)): Code(ignored=("feat_cache", "feat_idx", "final")),
     },
+    # 0.33+: after a temporal upsample the frames go on in pieces of two (``join_first`` puts
+    # the first frame in front of the first piece in a joined first call).
+    (f"{V21}.Decoder3d", "run_up"): {
+        _key({"CACHE_T", "CausalConv3d", "Resample", "append", "copy", "head", "isinstance", "len",
+              "mode", "range", "run_up", "shape", "upsamples"},
+             ("layer_idx", "x_ref", "feat_cache", "feat_idx", "out_chunks")): Code(),
+    },
     (f"{V21}.WanVAE", "decode"): {
         _key(_DECODE | {"count_conv3d"}, ("z",)): Code(loop="per_frame", counter="count_conv3d"),
         _key(_DECODE | {"count_cache_layers"}, ("z",)): Code(loop="chunked", counter="count_cache_layers"),

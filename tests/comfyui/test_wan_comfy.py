@@ -246,6 +246,64 @@ def test_even_latent_count_ends_on_a_single_frame_chunk(vaes):
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 
+# Latent frames -> the frames of each decoder call: this tree's loop, then joined
+# (``join_first``). 0.33's loop takes 1 + 2 + 2 + ..., 0.8's one frame at a time.
+JOIN_CALLS = {
+    "chunked": {2: ([1, 1], [2]), 4: ([1, 2, 1], [3, 1]), 5: ([1, 2, 2], [3, 2])},
+    "per_frame": {2: ([1, 1], [2]), 4: ([1, 1, 1, 1], [2, 1, 1]), 5: ([1] * 5, [2, 1, 1, 1])},
+}
+
+
+def _joined_decode(model, z, join: bool, monkeypatch):
+    """``(model.decode(z) with the gate open, frames of each decoder call)``."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+    calls = []
+    hook = model.decoder.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[2]))
+    try:
+        with torch.inference_mode(), gate_for(model).opened(True):
+            return model.decode(z), calls
+    finally:
+        hook.remove()
+
+
+@pytest.mark.parametrize("frames", [2, 4, 5])
+def test_joined_first_call_gives_this_trees_frames_in_fp64(frames, monkeypatch):
+    """The first latent frame decoded in the next chunk's call, on this tree's decoder and loop
+    (0.33: its pieces of two, with the first frame in front of the first pair). fp64: the
+    kernels take none, so every module runs its stock code and only the joining is checked."""
+    from fast_vae_decode.bench.models import comfy_vae
+    from fast_vae_decode.fastpath.families.wan.join_first import JoinedRunUp
+
+    comfy_nodes()
+    stock = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
+    model = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
+    install_fast_path(model)
+    loop = model._fvd_loop_code.loop
+    assert isinstance(model.decoder, JoinedRunUp) == (loop == "chunked")
+    z = _latent((1, 16, frames, 3, 5), seed=4).double()
+    with torch.inference_mode():
+        expected = stock.decode(z)
+    unjoined, calls = _joined_decode(model, z, False, monkeypatch)
+    got, joined_calls = _joined_decode(model, z, True, monkeypatch)
+    assert (calls, joined_calls) == JOIN_CALLS[loop][frames]
+    assert torch.equal(unjoined, expected)  # every module stock: the tree's own loop, exactly
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_joined_first_call_on_the_fused_modules_stays_close(vaes, monkeypatch):
+    stock, vae, _ = vaes["wan21"]
+    model = vae.first_stage_model
+    z = _latent((1, 16, 5, 3, 5), seed=5)
+    unjoined, _ = _joined_decode(model, z, False, monkeypatch)
+    got, calls = _joined_decode(model, z, True, monkeypatch)
+    assert calls == JOIN_CALLS[model._fvd_loop_code.loop][5][1]
+    torch.testing.assert_close(got, unjoined, rtol=1e-5, atol=1e-5)
+    with torch.inference_mode():
+        torch.testing.assert_close(got, stock.first_stage_model.decode(z), rtol=1e-4, atol=1e-4)
+
+
 def test_unknown_block_code_stays_stock_with_its_reason():
     """Fail closed: a ResidualBlock whose forward is code this pack has not seen keeps it."""
     comfy_nodes()

@@ -34,6 +34,7 @@ from ...progress import advance
 from ...recognize import class_names, stock_class_name
 from ...swap import stock_class, swap_in
 from .first_call import first_decoder_call, settle_first_call
+from .join_first import join_reason, joined
 
 COMFY_WAN21 = "comfy.ldm.wan.vae.WanVAE"
 COMFY_WAN22 = "comfy.ldm.wan.vae2_2.WanVAE"
@@ -238,16 +239,16 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
     feat_map = [None] * getattr(module, code.counter or "count_conv3d")(model.decoder)
     x = model.conv2(z)
 
-    def step(i: int) -> torch.Tensor:
-        if i == 0:
-            extra = {"first_chunk": True} if wan22 else {}
-            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, **extra)
-        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0])
-
     if not wan22:
-        out = assemble_frames(step, z.shape[2], _sink_for(model))
+        out = _per_frame_loop(model, x, feat_map, {}, _sink_for(model))
         settle_first_call(model, model.decoder)
         return out
+
+    def step(i: int) -> torch.Tensor:
+        if i == 0:
+            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, first_chunk=True)
+        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0])
+
     # Wan 2.2 rearranges its output afterwards (unpatchify), a rearrangement within each frame:
     # ComfyUI's own unpatchify of a chunk is those frames of the unpatchified whole, so the
     # chunks go to the sink unpatchified one by one and the whole output is never formed.
@@ -258,21 +259,53 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
     return out if unpatched.taking else module.unpatchify(out, patch_size=patch)
 
 
+def _first_call(model, x: torch.Tensor, first: int, feat_map: list | None, kwargs: dict):
+    """The loop's first decoder call over the latent frames ``[0, first)``: more than one
+    only where ``join_first`` joined the first frame to the next chunk."""
+    if first == 1:
+        return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, **kwargs)
+    with joined():
+        return first_decoder_call(model, model.decoder, x[:, :, :first], feat_map, **kwargs)
+
+
+def _per_frame_loop(model, x: torch.Tensor, feat_map: list, kwargs: dict,
+                    sink: FrameSink | None) -> torch.Tensor:
+    """A Wan 2.1 per-frame loop (ComfyUI 0.8, diffusers): one decoder call per latent frame,
+    the first with ``kwargs``, or the first two frames in one call (``join_first``)."""
+    frames = x.shape[2]
+    first = 2 if frames > 1 and join_reason(model, model.decoder, pieces=False) is None else 1
+
+    def step(i: int) -> list:
+        if i == 0:
+            return [_first_call(model, x, first, feat_map, kwargs)]
+        return [model.decoder(x[:, :, first + i - 1:first + i], feat_cache=feat_map, feat_idx=[0])]
+
+    if frames == 1:
+        return _reporting(lambda i: step(i)[0], 1)(0)  # stock returns the decoder's output itself
+    return assemble_chunk_lists(step, [first] + [1] * (frames - first), sink)
+
+
 def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
     """ComfyUI 0.33+'s Wan 2.1 loop: the first latent frame, then two at a time; the decoder
     returns each call's output as a list of chunks (its ``run_up``), stock concatenates them all
     at the end. Here they go into one output as they come (no second whole output at the end,
     and the frames stream out as they are final). A single latent frame runs without a cache,
-    as stock does."""
-    calls = 1 + z.shape[2] // 2
+    as stock does. ``join_first`` makes the first call the first three latent frames (the
+    first one and the first pair)."""
+    frames = z.shape[2]
+    calls = 1 + frames // 2
     feat_map = [None] * getattr(module, code.counter)(model.decoder) if calls > 1 else None
     x = model.conv2(z)
-    sizes = [1] + [x[:, :, 1 + 2 * (i - 1):1 + 2 * i].shape[2] for i in range(1, calls)]
+    first = 1
+    if calls > 1 and join_reason(model, model.decoder, pieces=True) is None:
+        first, calls = min(3, frames), calls - 1
+    sizes = [first] + [x[:, :, first + 2 * (i - 1):first + 2 * i].shape[2] for i in range(1, calls)]
 
     def step(i: int) -> list:
         if i == 0:
-            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map)
-        return model.decoder(x[:, :, 1 + 2 * (i - 1):1 + 2 * i], feat_cache=feat_map, feat_idx=[0])
+            return _first_call(model, x, first, feat_map, {})
+        return model.decoder(x[:, :, first + 2 * (i - 1):first + 2 * i], feat_cache=feat_map,
+                             feat_idx=[0])
 
     out = assemble_chunk_lists(step, sizes, _sink_for(model))
     settle_first_call(model, model.decoder)
@@ -331,15 +364,18 @@ def _diffusers_decode(model, z: torch.Tensor, return_dict: bool):
     module = _stock_module(model)
     model.clear_cache()
     x = model.post_quant_conv(z)
+    if model.config.patch_size is None and not getattr(model.config, "is_residual", False):
+        out = _per_frame_loop(model, x, model._feat_map, {"first_chunk": True}, None)
+    else:
+        def step(i: int) -> torch.Tensor:
+            model._conv_idx = [0]
+            if i == 0:
+                return first_decoder_call(model, model.decoder, x[:, :, :1], model._feat_map,
+                                          first_chunk=True)
+            return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map,
+                                 feat_idx=model._conv_idx)
 
-    def step(i: int) -> torch.Tensor:
-        model._conv_idx = [0]
-        if i == 0:
-            return first_decoder_call(model, model.decoder, x[:, :, :1], model._feat_map,
-                                      first_chunk=True)
-        return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map, feat_idx=model._conv_idx)
-
-    out = assemble_frames(step, z.shape[2])
+        out = assemble_frames(step, z.shape[2])
     settle_first_call(model, model.decoder)
     if model.config.patch_size is not None:
         out = module.unpatchify(out, patch_size=model.config.patch_size)

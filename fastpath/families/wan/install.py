@@ -23,6 +23,7 @@ from ...recognize import unknown_module as first_unknown
 from ...swap import swap_in, swap_reason
 from .decode import install_decode_loop
 from .exact import ExactRMSNorm, exact_norm_reason
+from .join_first import JoinedRunUp, run_up_reason
 from .modules import (
     FusedRMSNorm,
     FusedWanAttention,
@@ -203,6 +204,8 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
         report.fused += 1
     else:
         report.skipped["decode"] = loop_reason
+    if run_up_reason(decoder) is None:  # ComfyUI 0.33+'s pieces (``join_first``)
+        swap_in(decoder, JoinedRunUp)
     heads = {id(n) for n in head_norms(decoder)}
     for path, m in decoder.named_modules(prefix="decoder"):
         if is_a(m, *COMFY_BLOCKS):

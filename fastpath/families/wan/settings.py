@@ -59,6 +59,14 @@ class WanSettings:
     # against 3095, Wan 2.2 10116 against 8548, Qwen 1722 against 1261): issue 13's "peak
     # memory <= stock" rules it out until the pool is smaller than the eager decode's peak.
     cuda_graphs: bool = False
+    # The decode loop's first latent frame decoded in the same decoder call as the next chunk
+    # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
+    # left the GPU waiting ~15-17 ms per Wan 2.1 480p decode (docs/benchmark/7c40816, section
+    # 4) -- what the CUDA graph above won, without a pool kept between decodes. Wan 2.1
+    # decoders, open gate. Off by default until measured on the GPU: it was written in a
+    # session without one, and its joined chunk carries one more full-resolution frame (peak
+    # memory) than the stock loop's largest.
+    join_first_chunk: bool = False
 
 
 settings = WanSettings()
