@@ -165,3 +165,46 @@ def test_stacked_taps_at_wan21_stage1_on_gpu(new_frames, monkeypatch):
                                            padding=(0, 1, 1))
     assert got.shape == exact.shape
     assert (got - exact).abs().max() <= (as_3d - exact).abs().max() + 1e-3
+
+
+@pytest.mark.cuda
+def test_joined_first_call_at_480p_on_gpu(monkeypatch):
+    """The first latent frame joined to the next chunk (``join_first``) at 480x832 in bf16, on
+    cuDNN's and the pack's GPU routes: as close to an fp32 decode as the unjoined fast path
+    (the same sums, other batch shapes) and one decoder call fewer. The joined call carries
+    five full-resolution frames where an unjoined one carries four: its peak may exceed the
+    unjoined decode's by that frame in each full-resolution activation alive at once (the
+    conv's input buffer, two tap parts, the block input, the output, and a spare); the number
+    is printed for the bench's peak comparison with stock."""
+    from diffusers import AutoencoderKLWan
+
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    torch.manual_seed(0)
+    model = AutoencoderKLWan().eval().to("cuda", torch.bfloat16)
+    z = latent((1, 16, 3, 60, 104)).to("cuda")
+    with torch.no_grad():
+        exact = model.float().decode(z).sample
+        model.to(torch.bfloat16)
+        install_fast_path(model)
+    calls = []
+    model.decoder.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[2]))
+    results, peaks = {}, {}
+    for join in (False, True):
+        monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+        calls.clear()
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        with torch.no_grad(), gate_for(model).opened(True) as stats:
+            results[join] = model.decode(z.to(torch.bfloat16)).sample
+        peaks[join] = torch.cuda.max_memory_allocated() - base
+        assert stats.fallbacks == {} and stats.fused_calls > 0
+        assert calls == ([2, 1] if join else [1, 1, 1])
+    got, unjoined = results[True].float(), results[False].float()
+    assert psnr(got, exact) >= psnr(unjoined, exact) - 0.5
+    assert psnr(got, unjoined) >= 40.0
+    frame = 96 * 480 * 832 * 2  # one full-resolution 96-channel bf16 frame
+    print(f"peak above the model: unjoined {peaks[False] / 2**20:.0f} MiB, "
+          f"joined {peaks[True] / 2**20:.0f} MiB")
+    assert peaks[True] <= peaks[False] + 6 * frame
