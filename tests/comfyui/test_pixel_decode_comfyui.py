@@ -128,3 +128,32 @@ def test_a_decode_another_extension_replaced_keeps_running(pack, vaes, monkeypat
     with torch.inference_mode():
         pack["FastVAEDecode"].execute(samples={"samples": z}, vae=cpu_vae, quality="lossless")
     assert calls  # the node went through the wrapper
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+@pytest.mark.usefixtures("no_interpreter")
+def test_device_finish_takes_a_joined_first_call(pack, vaes, monkeypatch):
+    """With the first latent frame joined to the next chunk (``join_first``, gate open), the
+    frames streamed as the loop makes them are the loop's whole output (the output is planned
+    from the frames of the joined first call and of the next one)."""
+    module = pack_module("fastpath.pixels.decode")
+    wan_settings = pack_module("fastpath.families.wan.settings").settings
+    gates = pack_module("fastpath.gate")
+    vae, z = vaes["wan21"], _latent((1, 16, 4, 4, 6))
+    pack_module("fastpath.install").install_fast_path(vae.first_stage_model)
+    monkeypatch.setattr(wan_settings, "join_first_chunk", True)
+    calls = []
+    hook = vae.first_stage_model.decoder.register_forward_pre_hook(
+        lambda m, a: calls.append(a[0].shape[2]))
+    streams = _record_streams(monkeypatch)
+    try:
+        with torch.inference_mode(), gates.gates_opened(vae, True):
+            expected = vae.decode(z)
+            joined = list(calls)
+            pixels = module._decode_with_device_finish(vae, z)
+    finally:
+        hook.remove()
+    assert joined[0] > 1 and calls == joined + joined  # both decodes joined the first frame
+    assert streams == [True]
+    assert torch.equal(_frames(pixels), _frames(expected))
