@@ -64,8 +64,10 @@ class WanSettings:
     # left the GPU waiting ~15-17 ms per Wan 2.1 480p decode (docs/benchmark/7c40816, section
     # 4) -- what the CUDA graph above won, without a pool kept between decodes. Wan 2.1
     # decoders, open gate. Off by default until measured on the GPU: it was written in a
-    # session without one, and its joined chunk carries one more full-resolution frame (peak
-    # memory) than the stock loop's largest.
+    # session without one. Its joined chunk carries one more frame than any unjoined one: the
+    # peak, estimated on the CPU, grows by ~0.1 full-resolution frame on 0.8 and ~1.4-1.7 on
+    # 0.33 (whose first full-resolution piece has three frames), under stock's on both
+    # (docs/benchmark/c659414).
     join_first_chunk: bool = False
 
 
