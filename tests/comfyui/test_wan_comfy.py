@@ -67,6 +67,12 @@ def test_installs_into_comfyuis_wan_vae(vaes, arch):
     # one exact pass (the fused head norm has the same stock path).
     norms = [m for m in model.decoder.modules() if type(m).__name__.endswith("RMS_norm]")]
     assert norms and all(m._fvd_exact for m in norms)
+    # The head's SiLU goes into the fused head norm's kernel (``SiLUAfterNorm``).
+    from fast_vae_decode.fastpath.families.wan.install import head_norms, head_silu
+    from fast_vae_decode.fastpath.families.wan.modules import SiLUAfterNorm
+
+    assert isinstance(head_silu(model.decoder), SiLUAfterNorm)
+    assert head_norms(model.decoder)[0]._fvd_silu
 
 
 @pytest.mark.parametrize("arch,shape", CASES, ids=IDS)

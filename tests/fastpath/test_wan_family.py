@@ -655,3 +655,44 @@ def test_cache_tail_is_the_new_frames_next_cache_would_clone():
             continue
         assert tail.shape == cloned.shape and tail.shape[2] == expected
         assert tail.is_contiguous(memory_format=torch.channels_last_3d)
+
+
+@pytest.mark.parametrize("kind,shape", [CASES[0], CASES[4]], ids=[IDS[0], IDS[4]])
+def test_head_norm_applies_the_silu_after_it(models, kind, shape, monkeypatch):
+    """The head's SiLU runs inside the fused norm's kernel: with the gate open the stock SiLU
+    never runs and the decode stays close; closed, it runs as stock (lossless bit-exact)."""
+    from fast_vae_decode.fastpath.families.wan.install import head_norms, head_silu
+    from fast_vae_decode.fastpath.families.wan.modules import SiLUAfterNorm
+
+    stock, model, _ = models[kind]
+    norm, silu = head_norms(model.decoder)[0], head_silu(model.decoder)
+    assert isinstance(silu, SiLUAfterNorm) and norm._fvd_silu
+    ran = []
+    real = torch.nn.SiLU.forward
+    monkeypatch.setattr(torch.nn.SiLU, "forward", lambda self, x: (ran.append(self), real(self, x))[1])
+    got, expected, stats = _high_and_stock(models, kind, shape)
+    assert stats.fallbacks == {} and silu not in ran
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    ran.clear()
+    z = latent(shape)
+    with torch.no_grad(), gate_for(model).opened(False):
+        assert torch.equal(model.decode(z).sample, stock.decode(z).sample)
+    assert silu in ran
+
+
+def test_head_silu_applies_itself_after_a_norm_that_fell_back(models):
+    """A head norm on its stock path marks nothing: the SiLU after it is applied as stock."""
+    from fast_vae_decode.fastpath.families.wan.install import head_norms
+
+    stock, model, _ = models["wan21"]
+    norm = head_norms(model.decoder)[0]
+    z = latent((1, 4, 2, 4, 6))
+    norm._fvd_disabled = "test"
+    try:
+        with torch.no_grad(), gate_for(model).opened(True) as stats:
+            got = model.decode(z).sample
+    finally:
+        del norm._fvd_disabled
+    assert stats.fallbacks
+    with torch.no_grad():
+        torch.testing.assert_close(got, stock.decode(z).sample, rtol=1e-4, atol=1e-4)

@@ -20,7 +20,7 @@ from ...contract import Family, InstallReport, register_family
 from ...reasons import first_reason
 from ...recognize import is_a, is_wan_vae_model
 from ...recognize import unknown_module as first_unknown
-from ...swap import swap_in, swap_reason
+from ...swap import stock_class, swap_in, swap_reason
 from .decode import install_decode_loop
 from .exact import ExactRMSNorm, exact_norm_reason
 from .join_first import JoinedRunUp, run_up_reason
@@ -31,6 +31,7 @@ from .modules import (
     FusedWanDupUp3D,
     FusedWanResample,
     FusedWanResidualBlock,
+    SiLUAfterNorm,
 )
 from .ops import (
     cache_rule,
@@ -178,12 +179,22 @@ def dup_up_reason(m) -> str | None:
 
 
 def head_norms(decoder) -> list:
-    """The decoder's output norm (its SiLU follows as a stock module)."""
+    """The decoder's output norm."""
     head = getattr(decoder, "head", None)
     if isinstance(head, torch.nn.Sequential) and len(head) and is_a(head[0], *RMS_NORMS):
         return [head[0]]
     norm = getattr(decoder, "norm_out", None)
     return [norm] if is_a(norm, *RMS_NORMS) else []
+
+
+def head_silu(decoder) -> torch.nn.Module | None:
+    """The plain ``nn.SiLU`` the decoder applies right after its output norm (ComfyUI:
+    ``head[1]``; diffusers: ``nonlinearity``, used there only for the head), if it has one."""
+    head = getattr(decoder, "head", None)
+    silu = head[1] if isinstance(head, torch.nn.Sequential) and len(head) > 1 else (
+        getattr(decoder, "nonlinearity", None) if is_a(getattr(decoder, "norm_out", None), *RMS_NORMS)
+        else None)
+    return silu if isinstance(silu, torch.nn.SiLU) and stock_class(silu) is torch.nn.SiLU else None
 
 
 # --- install -------------------------------------------------------------------------------
@@ -225,8 +236,11 @@ def install(model: torch.nn.Module, gate, report: InstallReport) -> None:
             _swap(report, path, m, FusedWanAttention, attention_reason(m), gate,
                   _fvd_ignored=ignored_args(m))
         elif id(m) in heads:
+            # The SiLU after it goes into the norm's kernel where the SiLU can pass it on.
+            silu = head_silu(decoder)
+            folds = silu is not None and swap_in(silu, SiLUAfterNorm)
             _swap(report, path, m, FusedRMSNorm, rms_norm_static_reason(m), gate,
-                  _fvd_exact=exact_norm_reason(m) is None)
+                  _fvd_exact=exact_norm_reason(m) is None, _fvd_silu=folds)
         elif is_a(m, *RMS_NORMS) and exact_norm_reason(m) is None:
             # Not fused (its block or attention fuses it), but its stock path gets cheaper.
             swap_in(m, ExactRMSNorm, _fvd_exact=True)

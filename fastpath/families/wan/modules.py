@@ -194,12 +194,17 @@ class FusedWanCausalConv3d(FusedModule, ExactCausalConv3d):
 
 
 class FusedRMSNorm(FusedModule, ExactRMSNorm):
-    """A standalone ``RMS_norm`` (the decoder head's): ``rms_norm_silu`` without SiLU.
+    """A standalone ``RMS_norm`` (the decoder head's): ``rms_norm_silu``.
 
-    The SiLU after it stays a stock ``nn.SiLU``: one elementwise pass that keeps the layout.
-    Its stock path is ``ExactRMSNorm`` where the family confirmed the formula
-    (``_fvd_exact`` set at install), else the stock forward.
+    Where the head's ``nn.SiLU`` after it carries ``SiLUAfterNorm`` (``_fvd_silu``, set at
+    install), the kernel applies the SiLU too, in fp32 before the one rounding, and marks its
+    output so that module passes it on: one elementwise pass over the head's full-resolution
+    frames fewer (the stock SiLU: 1.3 ms of a Wan 2.1 480p x33 decode on the H200,
+    docs/benchmark/7c40816, prof-c0.8-wan21-r1.log). Its stock path is ``ExactRMSNorm`` where
+    the family confirmed the formula (``_fvd_exact`` set at install), else the stock forward.
     """
+
+    _fvd_silu: bool = False
 
     def fast_unsupported(self, x, *args, **kwargs) -> str | None:
         if args or kwargs:
@@ -214,7 +219,31 @@ class FusedRMSNorm(FusedModule, ExactRMSNorm):
         return self.gamma.shape[0]
 
     def fast_forward(self, x):
-        return norm_silu(self, to_cl(x), silu=False)
+        y = norm_silu(self, to_cl(x), silu=self._fvd_silu)
+        if self._fvd_silu:
+            mark_silu_applied(y)
+        return y
+
+
+# Marks a tensor the fused head norm wrote with its SiLU applied: an attribute of that tensor
+# object alone (a view or a copy does not carry it), so a SiLU meets it only where the norm's
+# fast path handed its own output straight on; a stock norm's output is never marked.
+_SILU_APPLIED = "_fvd_silu_applied"
+
+
+def mark_silu_applied(t: torch.Tensor) -> None:
+    setattr(t, _SILU_APPLIED, True)
+
+
+class SiLUAfterNorm:
+    """The head's ``nn.SiLU`` after a ``FusedRMSNorm`` that applies it: passes on the tensor
+    that norm marked (``mark_silu_applied``), and is the stock SiLU on anything else (the
+    closed gate, a norm that fell back): never a SiLU applied twice or left out."""
+
+    def forward(self, x):
+        if getattr(x, _SILU_APPLIED, False):
+            return x
+        return super().forward(x)
 
 
 class FusedWanDupUp3D(FusedModule):
@@ -391,6 +420,7 @@ def _interleave_halves(y: torch.Tensor) -> torch.Tensor:
 __all__ = [
     "CL3D",
     "FusedRMSNorm",
+    "SiLUAfterNorm",
     "FusedWanAttention",
     "FusedWanCausalConv3d",
     "FusedWanResample",
