@@ -255,8 +255,10 @@ def test_even_latent_count_ends_on_a_single_frame_chunk(vaes):
 # Latent frames -> the frames of each decoder call: this tree's loop, then joined
 # (``join_first``). 0.33's loop takes 1 + 2 + 2 + ..., 0.8's one frame at a time.
 JOIN_CALLS = {
-    "chunked": {2: ([1, 1], [2]), 4: ([1, 2, 1], [3, 1]), 5: ([1, 2, 2], [3, 2])},
-    "per_frame": {2: ([1, 1], [2]), 4: ([1, 1, 1, 1], [2, 1, 1]), 5: ([1] * 5, [2, 1, 1, 1])},
+    "chunked": {2: ([1, 1], [2]), 3: ([1, 2], [3]), 4: ([1, 2, 1], [3, 1]),
+                5: ([1, 2, 2], [3, 2])},
+    "per_frame": {2: ([1, 1], [2]), 3: ([1, 1, 1], [2, 1]), 4: ([1, 1, 1, 1], [2, 1, 1]),
+                  5: ([1] * 5, [2, 1, 1, 1])},
 }
 
 
@@ -274,7 +276,7 @@ def _joined_decode(model, z, join: bool, monkeypatch):
         hook.remove()
 
 
-@pytest.mark.parametrize("frames", [2, 4, 5])
+@pytest.mark.parametrize("frames", [2, 3, 4, 5])  # 3 on 0.33: the joined call is the whole decode
 def test_joined_first_call_gives_this_trees_frames_in_fp64(frames, monkeypatch):
     """The first latent frame decoded in the next chunk's call, on this tree's decoder and loop
     (0.33: its pieces of two, with the first frame in front of the first pair). fp64: the
