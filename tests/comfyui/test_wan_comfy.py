@@ -276,21 +276,23 @@ def _joined_decode(model, z, join: bool, monkeypatch):
         hook.remove()
 
 
-@pytest.mark.parametrize("frames", [2, 3, 4, 5])  # 3 on 0.33: the joined call is the whole decode
-def test_joined_first_call_gives_this_trees_frames_in_fp64(frames, monkeypatch):
+@pytest.mark.parametrize("arch,frames", [("wan21", 2), ("wan21", 3), ("wan21", 4), ("wan21", 5),
+                                         ("wan22", 3)])  # 3 on 0.33: one joined call in all
+def test_joined_first_call_gives_this_trees_frames_in_fp64(arch, frames, monkeypatch):
     """The first latent frame decoded in the next chunk's call, on this tree's decoder and loop
-    (0.33: its pieces of two, with the first frame in front of the first pair). fp64: the
-    kernels take none, so every module runs its stock code and only the joining is checked."""
+    (0.33's Wan 2.1: its pieces of two, with the first frame in front of the first pair; Wan
+    2.2: its DupUp3D shortcuts' first-chunk rule). fp64: the kernels take none, so every module
+    runs its stock code and only the joining is checked."""
     from fast_vae_decode.bench.models import comfy_vae
     from fast_vae_decode.fastpath.families.wan.join_first import JoinedRunUp
 
     comfy_nodes()
-    stock = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
-    model = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
+    stock = comfy_vae(arch, seed=0, tiny=True).first_stage_model.double()
+    model = comfy_vae(arch, seed=0, tiny=True).first_stage_model.double()
     install_fast_path(model)
     loop = model._fvd_loop_code.loop
     assert isinstance(model.decoder, JoinedRunUp) == (loop == "chunked")
-    z = _latent((1, 16, frames, 3, 5), seed=4).double()
+    z = _latent((1, 16 if arch == "wan21" else 48, frames, 3, 5), seed=4).double()
     with torch.inference_mode():
         expected = stock.decode(z)
     unjoined, calls = _joined_decode(model, z, False, monkeypatch)

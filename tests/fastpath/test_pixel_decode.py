@@ -97,7 +97,7 @@ def test_frame_stream_is_not_complete_for_another_result():
 
 
 def test_wan_loop_hands_over_each_chunk_and_keeps_no_output():
-    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_chunk_lists
 
     chunks = [torch.full((1, 2, 1 if i == 0 else 4, 3, 3), float(i)) for i in range(4)]
     dest = torch.full((1, 13, 3, 3, 2), float("nan"))
@@ -109,7 +109,7 @@ def test_wan_loop_hands_over_each_chunk_and_keeps_no_output():
             super().take(chunk, start)
 
     stream = Recording(lambda x: x, lambda out: dest)
-    result = assemble_frames(lambda i: chunks[i], 4, stream)
+    result = assemble_chunk_lists(lambda i: [chunks[i]], [1] * 4, stream)
     assert result.is_meta and stream.complete(result)  # no whole output was allocated
     assert [a for a, _ in seen] == [0, 1, 5, 9]
     assert all(chunk is c for (_, chunk), c in zip(seen, chunks, strict=True))  # no copies
@@ -117,25 +117,25 @@ def test_wan_loop_hands_over_each_chunk_and_keeps_no_output():
 
 
 def test_wan_loop_without_a_sink_assembles_the_stock_output():
-    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_chunk_lists
 
     chunks = [torch.full((1, 2, 1 if i == 0 else 4, 3, 3), float(i)) for i in range(4)]
     declined = _stream_into(torch.empty(1, 13, 3, 3, 2))
     declined.begin = lambda *a: False
     for sink in (None, declined):
-        assert torch.equal(assemble_frames(lambda i: chunks[i], 4, sink), torch.cat(chunks, 2))
+        assert torch.equal(assemble_chunk_lists(lambda i: [chunks[i]], [1] * 4, sink), torch.cat(chunks, 2))
 
 
 def test_wan_loop_with_a_chunk_off_plan_says_its_frames_are_lost():
-    from fast_vae_decode.fastpath.families.wan.decode import assemble_frames
+    from fast_vae_decode.fastpath.families.wan.decode import assemble_chunk_lists
     from fast_vae_decode.fastpath.pixels.frames import FramesLost
 
     # The third chunk is larger than planned: without a sink the loop concatenates (the stock
     # result); a sink already holds the first frames, so the caller must decode again.
     chunks = [torch.zeros(1, 2, 1, 3, 3), torch.ones(1, 2, 4, 3, 3), torch.ones(1, 2, 6, 3, 3)]
-    assert assemble_frames(lambda i: chunks[i], 3).shape[2] == 11
+    assert assemble_chunk_lists(lambda i: [chunks[i]], [1] * 3).shape[2] == 11
     with pytest.raises(FramesLost):
-        assemble_frames(lambda i: chunks[i], 3, _stream_into(torch.empty(1, 9, 3, 3, 2)))
+        assemble_chunk_lists(lambda i: [chunks[i]], [1] * 3, _stream_into(torch.empty(1, 9, 3, 3, 2)))
 
 
 def test_device_output_buffer_only_where_comfyuis_own_holds_the_same_values(monkeypatch):

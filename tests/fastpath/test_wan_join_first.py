@@ -20,18 +20,28 @@ from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
 from support.wan_models import latent, tiny_wan
 
-# Latent shapes: two frames (the joined call is the whole decode), three (a later call reads
-# the caches a joined call wrote), five with odd sizes, and batch 2.
-SHAPES = [(1, 4, 2, 4, 6), (1, 4, 3, 3, 5), (1, 4, 5, 3, 4), (2, 4, 3, 4, 6)]
-IDS = ["x".join(map(str, s)) for s in SHAPES]
+# (model kind, latent shape): two frames (the joined call is the whole decode), three (a later
+# call reads the caches a joined call wrote), five with odd sizes, batch 2; Wan 2.2 (residual
+# up blocks whose DupUp3D shortcut drops the first chunk's first frames) with two and three.
+SHAPES = [("wan21", (1, 4, 2, 4, 6)), ("wan21", (1, 4, 3, 3, 5)), ("wan21", (1, 4, 5, 3, 4)),
+          ("wan21", (2, 4, 3, 4, 6)), ("wan22", (1, 8, 2, 4, 6)), ("wan22", (1, 8, 3, 3, 5))]
+IDS = [f"{k}-{'x'.join(map(str, s))}" for k, s in SHAPES]
 
 
 @pytest.fixture(scope="module")
-def wan21():
-    """(stock, installed) Wan 2.1 models with the same weights."""
-    model = tiny_wan("wan21")
-    install_fast_path(model)
-    return tiny_wan("wan21"), model
+def models():
+    """Per kind: (stock, installed) models with the same weights."""
+    out = {}
+    for kind in ("wan21", "wan22"):
+        model = tiny_wan(kind)
+        install_fast_path(model)
+        out[kind] = (tiny_wan(kind), model)
+    return out
+
+
+@pytest.fixture
+def wan21(models):
+    return models["wan21"]
 
 
 @contextlib.contextmanager
@@ -52,9 +62,9 @@ def _decode(model, z, *, is_open: bool, join: bool, monkeypatch):
         return model.decode(z).sample, stats, calls
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_joined_first_call_gives_the_stock_loops_frames_in_fp64(shape, monkeypatch):
-    stock, model = tiny_wan("wan21").double(), tiny_wan("wan21").double()
+@pytest.mark.parametrize("kind,shape", SHAPES, ids=IDS)
+def test_joined_first_call_gives_the_stock_loops_frames_in_fp64(kind, shape, monkeypatch):
+    stock, model = tiny_wan(kind).double(), tiny_wan(kind).double()
     install_fast_path(model)
     z = latent(shape, dtype=torch.float64)
     with torch.no_grad():
@@ -67,10 +77,10 @@ def test_joined_first_call_gives_the_stock_loops_frames_in_fp64(shape, monkeypat
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=IDS)
-def test_joined_first_call_on_the_fused_modules_matches_the_unjoined_decode(wan21, shape,
+@pytest.mark.parametrize("kind,shape", SHAPES, ids=IDS)
+def test_joined_first_call_on_the_fused_modules_matches_the_unjoined_decode(models, kind, shape,
                                                                              monkeypatch):
-    stock, model = wan21
+    stock, model = models[kind]
     z = latent(shape, seed=3)
     unjoined, _, calls = _decode(model, z, is_open=True, join=False, monkeypatch=monkeypatch)
     assert calls == [1] * shape[2]
@@ -121,15 +131,6 @@ def test_one_latent_frame_is_one_call_as_before(wan21, monkeypatch):
     _, _, calls = _decode(model, latent((1, 4, 1, 4, 6)), is_open=True, join=True,
                           monkeypatch=monkeypatch)
     assert calls == [1]
-
-
-def test_wan22_keeps_its_per_frame_calls(monkeypatch):
-    """Wan 2.2's DupUp3D shortcut has a first-chunk rule of its own: never joined."""
-    model = tiny_wan("wan22")
-    install_fast_path(model)
-    _, _, calls = _decode(model, latent((1, 8, 3, 3, 5)), is_open=True, join=True,
-                          monkeypatch=monkeypatch)
-    assert calls == [1, 1, 1]
 
 
 def test_a_stock_temporal_upsample_declines_the_join(monkeypatch):

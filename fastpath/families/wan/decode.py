@@ -2,9 +2,9 @@
 
 Stock ``WanVAE.decode`` (ComfyUI) and ``AutoencoderKLWan._decode`` (diffusers) run the decoder
 one latent frame at a time and grow the output with ``torch.cat([out, chunk], 2)`` after every
-frame: O(frames^2) bytes copied, and two whole outputs alive at once. ``assemble_frames`` writes
-each chunk into one preallocated output instead. It stores the very same values (a copy is a
-copy) in the layout ``torch.cat`` gives contiguous chunks, so the result is ``torch.equal`` to
+frame: O(frames^2) bytes copied, and two whole outputs alive at once. ``assemble_chunk_lists``
+writes each chunk into one preallocated output instead. It stores the very same values (a copy
+is a copy) in the layout ``torch.cat`` gives contiguous chunks, so the result is ``torch.equal`` to
 stock (the tests prove it on every supported class) and it runs whether the gate is open or
 closed: lossless decodes get faster too.
 
@@ -62,18 +62,6 @@ def _reporting(step: Callable[[int], object], steps: int) -> Callable[[int], obj
         advance(i + 1, steps)
         return out
     return run
-
-
-def assemble_frames(step: Callable[[int], torch.Tensor], frames: int,
-                    sink: FrameSink | None = None) -> torch.Tensor:
-    """``torch.cat([step(0), ..., step(frames - 1)], 2)`` without growing the output per frame
-    (``assemble_chunk_lists`` with one chunk per latent frame).
-
-    ``step(i)`` must be called in order (it advances the decoder's frame cache).
-    """
-    if frames == 1:
-        return _reporting(step, 1)(0)  # stock returns the decoder's output itself
-    return assemble_chunk_lists(lambda i: [step(i)], [1] * frames, sink)
 
 
 def assemble_chunk_lists(step: Callable[[int], list], sizes: list[int],
@@ -243,18 +231,13 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
         out = _per_frame_loop(model, x, feat_map, {}, _sink_for(model))
         settle_first_call(model, model.decoder)
         return out
-
-    def step(i: int) -> torch.Tensor:
-        if i == 0:
-            return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, first_chunk=True)
-        return model.decoder(x[:, :, i:i + 1], feat_cache=feat_map, feat_idx=[0])
-
     # Wan 2.2 rearranges its output afterwards (unpatchify), a rearrangement within each frame:
     # ComfyUI's own unpatchify of a chunk is those frames of the unpatchified whole, so the
     # chunks go to the sink unpatchified one by one and the whole output is never formed.
     patch = code.unpatchify if isinstance(code.unpatchify, int) else getattr(model, code.unpatchify)
     unpatched = _Unpatchified(_sink_for(model), lambda t: module.unpatchify(t, patch_size=patch))
-    out = assemble_frames(step, z.shape[2], unpatched if unpatched.sink is not None else None)
+    out = _per_frame_loop(model, x, feat_map, {"first_chunk": True},
+                          unpatched if unpatched.sink is not None else None)
     settle_first_call(model, model.decoder)
     return out if unpatched.taking else module.unpatchify(out, patch_size=patch)
 
@@ -270,8 +253,9 @@ def _first_call(model, x: torch.Tensor, first: int, feat_map: list | None, kwarg
 
 def _per_frame_loop(model, x: torch.Tensor, feat_map: list, kwargs: dict,
                     sink: FrameSink | None) -> torch.Tensor:
-    """A Wan 2.1 per-frame loop (ComfyUI 0.8, diffusers): one decoder call per latent frame,
-    the first with ``kwargs``, or the first two frames in one call (``join_first``)."""
+    """A per-frame loop (ComfyUI 0.8's Wan 2.1, every Wan 2.2, diffusers): one decoder call
+    per latent frame, the first with ``kwargs``, or the first two frames in that call
+    (``join_first``)."""
     frames = x.shape[2]
     first = 2 if frames > 1 and join_reason(model, model.decoder, pieces=False) is None else 1
 
@@ -364,18 +348,7 @@ def _diffusers_decode(model, z: torch.Tensor, return_dict: bool):
     module = _stock_module(model)
     model.clear_cache()
     x = model.post_quant_conv(z)
-    if model.config.patch_size is None and not getattr(model.config, "is_residual", False):
-        out = _per_frame_loop(model, x, model._feat_map, {"first_chunk": True}, None)
-    else:
-        def step(i: int) -> torch.Tensor:
-            model._conv_idx = [0]
-            if i == 0:
-                return first_decoder_call(model, model.decoder, x[:, :, :1], model._feat_map,
-                                          first_chunk=True)
-            return model.decoder(x[:, :, i:i + 1], feat_cache=model._feat_map,
-                                 feat_idx=model._conv_idx)
-
-        out = assemble_frames(step, z.shape[2])
+    out = _per_frame_loop(model, x, model._feat_map, {"first_chunk": True}, None)
     settle_first_call(model, model.decoder)
     if model.config.patch_size is not None:
         out = module.unpatchify(out, patch_size=model.config.patch_size)

@@ -8,9 +8,11 @@ the start of the next, ~15-17 ms of every Wan 2.1 480p decode (docs/benchmark/7c
 too; one decoder call's host time fewer, no memory kept between decodes (the first-call CUDA
 graph, ``first_call``, removed the same wait at the cost of its pool).
 
-Why the sums are the stock ones: every causal conv, norm and attention of a Wan 2.1 decoder
-sees the frames in order behind zero frames either way (the frames a joined call has in front
-of a frame are what the stock cache would hold). The exception is a temporal upsample
+Why the sums are the stock ones: every causal conv, norm and attention of a Wan decoder sees
+the frames in order behind zero frames either way (the frames a joined call has in front of a
+frame are what the stock cache would hold). Wan 2.2's duplicating shortcut (``DupUp3D``) works
+frame by frame, and its first-chunk rule drops the first output frames of the first latent
+frame, which in a joined call are still the first ones. The exception is a temporal upsample
 (``Resample``, ``upsample3d``): the first chunk's frame skips its time conv (the cache marker
 "Rep"), and the next chunk's time conv starts from zeros, not from that frame. So within a
 joined call a temporal upsample runs itself twice (``split_first_frame``): on the first frame
@@ -23,8 +25,7 @@ There the first frame rides in front of the first pair (``JoinedRunUp``), which 
 later piece the stock one.
 
 Taken with the gate open only (lossless keeps the stock calls: other batch shapes may pick
-other cuDNN kernels) and on Wan 2.1 decoders only (Wan 2.2's ``DupUp3D`` shortcut has a
-first-chunk rule of its own).
+other cuDNN kernels).
 """
 from __future__ import annotations
 
@@ -119,8 +120,7 @@ def run_up_reason(decoder: torch.nn.Module) -> str | None:
 
 def join_reason(model: torch.nn.Module, decoder: torch.nn.Module, pieces: bool) -> str | None:
     """Why this decode's first call is not joined (None: it is); ``pieces``: the decoder cuts
-    frames into pairs (ComfyUI 0.33+), which needs ``JoinedRunUp``. The callers take only Wan
-    2.1 loops."""
+    frames into pairs (ComfyUI 0.33+), which needs ``JoinedRunUp``."""
     if not settings.join_first_chunk:
         return "off"
     gate = existing_gate(model)
