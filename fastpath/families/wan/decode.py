@@ -20,6 +20,7 @@ is not finite is done again in bf16 (said once in the log) rather than returning
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from typing import Callable
@@ -245,9 +246,7 @@ def _comfy_decode(model, z: torch.Tensor) -> torch.Tensor:
 def _first_call(model, x: torch.Tensor, first: int, feat_map: list | None, kwargs: dict):
     """The loop's first decoder call over the latent frames ``[0, first)``: more than one
     only where ``join_first`` joined the first frame to the next chunk."""
-    if first == 1:
-        return first_decoder_call(model, model.decoder, x[:, :, :1], feat_map, **kwargs)
-    with joined():
+    with joined() if first > 1 else contextlib.nullcontext():
         return first_decoder_call(model, model.decoder, x[:, :, :first], feat_map, **kwargs)
 
 

@@ -191,9 +191,10 @@ def head_silu(decoder) -> torch.nn.Module | None:
     """The plain ``nn.SiLU`` the decoder applies right after its output norm (ComfyUI:
     ``head[1]``; diffusers: ``nonlinearity``, used there only for the head), if it has one."""
     head = getattr(decoder, "head", None)
-    silu = head[1] if isinstance(head, torch.nn.Sequential) and len(head) > 1 else (
-        getattr(decoder, "nonlinearity", None) if is_a(getattr(decoder, "norm_out", None), *RMS_NORMS)
-        else None)
+    if isinstance(head, torch.nn.Sequential):
+        silu = head[1] if len(head) > 1 else None
+    else:
+        silu = getattr(decoder, "nonlinearity", None)
     return silu if isinstance(silu, torch.nn.SiLU) and stock_class(silu) is torch.nn.SiLU else None
 
 

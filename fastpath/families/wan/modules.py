@@ -36,7 +36,7 @@ from ...prewarm import frame_hint
 from ...reasons import first_reason, input_reason
 from ...video_ops import CL3D, add_parts, conv_weight, conv_weights_reason, to_cl, to_cl3d
 from .exact import ExactCausalConv3d, ExactRMSNorm
-from .join_first import first_in_join, split_first_frame, upsample_cache_args
+from .join_first import first_in_join, joining, split_first_frame, upsample_cache_args
 from .ops import (
     cache_entry_reason,
     causal_conv3d,
@@ -354,7 +354,7 @@ class FusedWanResample(FusedModule):
     def forward(self, x, *args, **kwargs):
         # A joined first call (``join_first``): the first frame and the rest as the stock
         # loop's first and second calls, each then fused or stock as its own checks say.
-        if self.mode == "upsample3d":
+        if self.mode == "upsample3d" and joining():
             feat_cache, feat_idx = upsample_cache_args(args, kwargs)
             if first_in_join(x, feat_cache, feat_idx):
                 return split_first_frame(super().forward, x, feat_idx, *args, **kwargs)
