@@ -62,11 +62,11 @@ class WanSettings:
     # The decode loop's first latent frame decoded in the same decoder call as the next chunk
     # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
     # left the GPU waiting ~15-17 ms per Wan 2.1 480p decode (docs/benchmark/7c40816, section
-    # 4) -- what the CUDA graph above won, without a pool kept between decodes. Open gate
-    # only. Off by default until measured on the GPU: it was written in a session without one.
-    # Its joined chunk carries one more frame than any unjoined one: Wan 2.1's peak, estimated
-    # on the CPU, grows by ~0.1 full-resolution frame on 0.8 and ~1.4-1.7 on 0.33 (whose first
-    # full-resolution piece has three frames), under stock's on both (docs/benchmark/c659414).
+    # 4). Open gate only. Off: interleaved on the H200 against off (0.33, 4 rounds,
+    # docs/benchmark/aceb145) Wan 2.1 x33 / x81 moved -1.1 / +0.6%, inside their spreads, so
+    # one call fewer does not remove that wait (the CUDA graph above removed the host's issue
+    # time itself). Its peak stayed under the unjoined one's (diffusers' 480x832 Wan 2.1 on
+    # the GPU: 3716 against 3737 MiB above the model).
     join_first_chunk: bool = False
 
 
