@@ -63,10 +63,11 @@ class WanSettings:
     # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
     # left the GPU waiting ~15-17 ms per Wan 2.1 480p decode (docs/benchmark/7c40816, section
     # 4). Open gate only. Off: interleaved on the H200 against off (0.33, 4 rounds,
-    # docs/benchmark/aceb145) Wan 2.1 x33 / x81 moved -1.1 / +0.6%, inside their spreads, so
-    # one call fewer does not remove that wait (the CUDA graph above removed the host's issue
-    # time itself). Its peak stayed under the unjoined one's (diffusers' 480x832 Wan 2.1 on
-    # the GPU: 3716 against 3737 MiB above the model).
+    # docs/benchmark/aceb145) Wan 2.1 x33 / x81 moved -1.1 / +0.6%, inside their spreads: one
+    # call fewer did not shorten the decode measurably (the CUDA graph above removed the host's
+    # issue time itself). Peak: under the unjoined one's on the GPU for diffusers' per-frame
+    # loop (480x832: 3716 against 3737 MiB above the model); 0.33's three-frame first piece
+    # only estimated on the CPU, under stock's (docs/benchmark/c659414).
     join_first_chunk: bool = False
 
 
