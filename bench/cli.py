@@ -333,6 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "--variant=pooled='--host-copies pooled' --variant=auto=")
     _add_decode_options(inter, f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)}; "
                                f"without a CUDA GPU: {','.join(TINY_CASES)})", "cpu, cuda or cuda:N")
+    inter.add_argument("--stock", action="store_true",
+                       help="ComfyUI's VAEDecode takes its turn in every round too (one --variant "
+                            "is then enough; none: high as set), and each variant's speed-up "
+                            "over it is the median of the rounds' ratios")
     inter.add_argument("--rounds", type=_count(1), default=15, help="default %(default)s")
     inter.add_argument("--warmup", type=_count(0), default=2,
                        help="untimed decodes per variant first (default %(default)s)")
@@ -592,6 +596,27 @@ def _apply_switches(host_copies: str | None, kl_settings: list[str],
             HOST_COPIES[host_copies]
 
 
+STOCK_BEFORE_INSTALL_DECODES = 3
+
+
+def _stock_before_install(subject, warmup: int) -> list[float]:
+    """Stock decodes timed before the pack has installed anything on this VAE (after
+    ``warmup`` untimed ones, at least one: the first loads the model)."""
+    from .timing import timed_call
+
+    for _ in range(max(1, warmup)):
+        subject.stock()
+    return [timed_call(subject.stock, subject.device)[0]
+            for _ in range(STOCK_BEFORE_INSTALL_DECODES)]
+
+
+def _path_of(result) -> str | None:
+    """What a decode reported: the pack's UI text for high, "stock" for VAEDecode's images."""
+    if isinstance(result, torch.Tensor):
+        return "stock"
+    return result[1].get("text")
+
+
 def _interleave(args) -> int:
     from . import interleave
     from .cases import TINY_CASES
@@ -600,7 +625,7 @@ def _interleave(args) -> int:
     from .timing import timed_call
 
     try:
-        variants = interleave.parse_variants(args.variant)
+        variants = interleave.parse_variants(args.variant, stock=args.stock)
     except ValueError as exc:
         raise UsageError(f"--variant: {exc}") from None
     parser = interleave.options_parser(tuple(HOST_COPIES), TRITON_LAUNCH)
@@ -642,22 +667,28 @@ def _interleave(args) -> int:
         host_malloc = keep_freed_host_memory()
         log(f"host malloc: {host_malloc}")
     results: dict[str, interleave.Interleaved] = {}
+    stock_before: dict[str, list[float]] = {}
     try:
         with torch.inference_mode():
             for case in cases:
                 subject = build_subject(case, nodes=nodes, device=device, dtype=dtype,
                                         seed=args.seed)
                 try:
+                    decodes, rows = {}, applies
+                    if args.stock:
+                        stock_before[case.name] = _stock_before_install(subject, args.warmup)
+                        decodes = {interleave.STOCK: subject.stock}
+                        rows = {interleave.STOCK: switches.restore, **applies}
                     results[case.name] = interleave.run_interleaved(
-                        lambda s=subject: s.decode("high"), applies, args.rounds, args.warmup,
+                        lambda s=subject: s.decode("high"), rows, args.rounds, args.warmup,
                         lambda fn, s=subject: timed_call(fn, s.device), seed=args.seed,
-                        path_of=lambda out: out[1].get("text"))
+                        path_of=_path_of, decodes=decodes)
                 finally:
                     release(subject)
                 log(f"{case.name}: {args.rounds} rounds of {len(variants)} variants")
     finally:
         switches.restore()
-    print(interleave.summary_table(results, variants))
+    print(interleave.summary_table(results, variants, stock_before))
     if args.json_path:
         import json
 
@@ -672,6 +703,7 @@ def _interleave(args) -> int:
                 "variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
                 "times_ms": {c: r.times for c, r in results.items()},
                 "paths": {c: r.paths for c, r in results.items()},
+                "stock_before_install_ms": stock_before,
                 "small_cases": all(c.name in TINY_CASES for c in cases)}
         pathlib.Path(args.json_path).write_text(json.dumps(data, indent=1))
     return 0

@@ -8,6 +8,11 @@ copies) needs no second process: here every variant decodes once per round, in a
 order, so whatever the process's host does falls on all of them alike, and a 2-3% difference
 stands out of a 15-round median. Every variant starts from the switches as the process had
 them (the pack's defaults, or what the command line set) and applies only its own options.
+
+With ``--stock`` the stock decode (ComfyUI's own ``VAEDecode``) takes its turn in every round as well (the
+``stock`` row), so a speed-up is read against stock decoded in the same minutes, not in a block
+before ``high`` as ``bench`` does: between two bench runs on one machine type stock moved by up
+to a quarter (docs/benchmark/aceb145) while ``high`` stayed within a few percent.
 """
 from __future__ import annotations
 
@@ -36,13 +41,24 @@ def parse_variant(text: str) -> Variant:
     return Variant(name, tuple(shlex.split(options)))
 
 
-def parse_variants(texts: list[str]) -> list[Variant]:
+# The row of ComfyUI's own ``VAEDecode`` under ``--stock``; no variant may take its name.
+STOCK = "stock"
+
+
+def parse_variants(texts: list[str], stock: bool = False) -> list[Variant]:
+    """The variants to compare, the first the baseline. With ``stock`` one is enough (stock is
+    the comparison) and none means ``high`` as the process has its switches."""
+    if stock and not texts:
+        texts = ["high="]
     variants = [parse_variant(t) for t in texts]
     names = [v.name for v in variants]
-    if len(variants) < 2:
-        raise ValueError("give at least two --variant (the first is the baseline)")
+    if len(variants) < (1 if stock else 2):
+        raise ValueError("give at least two --variant (the first is the baseline), "
+                         "or one with --stock")
     if len(set(names)) != len(names):
         raise ValueError(f"variant names repeat: {', '.join(names)}")
+    if STOCK in names:
+        raise ValueError(f"{STOCK!r} is the name of --stock's row; name the variant otherwise")
     return variants
 
 
@@ -95,22 +111,24 @@ class Interleaved(NamedTuple):
 def run_interleaved(decode: Callable[[], Any], applies: dict[str, Callable[[], None]],
                     rounds: int, warmup: int, timed: Callable[[Callable[[], Any]], tuple[float, Any]],
                     seed: int = 0, path_of: Callable[[Any], str | None] = lambda result: None,
-                    ) -> Interleaved:
+                    decodes: dict[str, Callable[[], Any]] | None = None) -> Interleaved:
     """Each variant's ``timed(decode)`` milliseconds, one per round, after ``warmup`` untimed
     decodes each (the first decode under a setting may build or compile what it needs), and
     the paths its timed decodes took (``path_of`` of each result): a module that fell back to
     its stock path under one variant stays there for the session, so every later variant
-    would be timed on it too, and the table must say so."""
+    would be timed on it too, and the table must say so. ``decodes`` gives a variant its own
+    decode instead of ``decode`` (the stock row's ``VAEDecode``)."""
     names = list(applies)
+    decode_of = {name: (decodes or {}).get(name, decode) for name in names}
     for name in names:
         applies[name]()
         for _ in range(warmup):
-            decode()
+            decode_of[name]()
     times: dict[str, list[float]] = {name: [] for name in names}
     paths: dict[str, list[str]] = {name: [] for name in names}
     for name in schedule(names, rounds, seed):
         applies[name]()
-        ms, result = timed(decode)
+        ms, result = timed(decode_of[name])
         times[name].append(ms)
         path = path_of(result)
         if path is not None and path not in paths[name]:
@@ -118,21 +136,48 @@ def run_interleaved(decode: Callable[[], Any], applies: dict[str, Callable[[], N
     return Interleaved(times, paths)
 
 
-def summary_table(results: dict[str, Interleaved], variants: list[Variant]) -> str:
+def _spread(times: list[float]) -> str:
+    t = sorted(times)
+    return f"{statistics.median(t):.1f} ({t[len(t) // 4]:.1f}-{t[(3 * len(t)) // 4]:.1f}, {len(t)})"
+
+
+def round_speedups(stock: list[float], variant: list[float]) -> list[float]:
+    """Stock's time over the variant's, round by round: each round decodes every row once, so
+    the i-th times of two rows were taken in the same round."""
+    return [s / v for s, v in zip(stock, variant, strict=True)]
+
+
+def summary_table(results: dict[str, Interleaved], variants: list[Variant],
+                  stock_before: dict[str, list[float]] | None = None) -> str:
     """Markdown: per case and variant the median (quartiles, rounds), against the first, and
-    the path its decodes reported."""
+    the path its decodes reported; with a stock row, each variant's speed-up over it (the
+    median of the per-round ratios, and their quartiles), and ``stock_before``'s decodes (stock
+    timed before the pack installed anything: its closed gate must not be what slows stock)."""
     base = variants[0].name
-    rows = ["| case | variant | options | high ms, median (q1-q3, rounds) | vs " + base
-            + " | high path |", "| --- | --- | --- | --- | --- | --- |"]
+    with_stock = any(STOCK in r.times for r in results.values())
+    rows = ["| case | variant | options | ms, median (q1-q3, rounds) | vs " + base
+            + (" | stock ÷ variant, median of rounds (q1-q3)" if with_stock else "")
+            + " | path |",
+            "| --- | --- | --- | --- | --- |" + (" --- |" if with_stock else "") + " --- |"]
     for case, result in results.items():
         by_variant = result.times
         reference = statistics.median(by_variant[base])
         for v in variants:
-            t = sorted(by_variant[v.name])
-            q1, q3 = t[len(t) // 4], t[(3 * len(t)) // 4]
-            median = statistics.median(t)
-            change = "—" if v.name == base else f"{100 * (median / reference - 1):+.1f}%"
+            change = ("—" if v.name == base else
+                      f"{100 * (statistics.median(by_variant[v.name]) / reference - 1):+.1f}%")
+            speedup = ""
+            if STOCK in by_variant:
+                r = sorted(round_speedups(by_variant[STOCK], by_variant[v.name]))
+                speedup = (f" {statistics.median(r):.2f}x ({r[len(r) // 4]:.2f}-"
+                           f"{r[(3 * len(r)) // 4]:.2f}) |")
             path = "; ".join(result.paths.get(v.name, [])) or "—"
             rows.append(f"| {case} | {v.name} | {' '.join(v.options) or '(as set)'} | "
-                        f"{median:.1f} ({q1:.1f}-{q3:.1f}, {len(t)}) | {change} | {path} |")
+                        f"{_spread(by_variant[v.name])} | {change} |{speedup} {path} |")
+        if STOCK in by_variant:
+            rows.append(f"| {case} | {STOCK} | stock decode | "
+                        f"{_spread(by_variant[STOCK])} | — |" + " — |" + " stock |")
+        if (stock_before or {}).get(case):
+            rows.append(f"| {case} | {STOCK} before install | stock decode, timed before the "
+                        f"rounds | {_spread(stock_before[case])} | — |"
+                        + (" — |" if with_stock else "") + " stock |")
     return "\n".join(rows)

@@ -24,10 +24,19 @@ def test_a_variant_is_a_name_and_bench_options():
     (["a="], "at least two"),  # nothing to compare with
     (["a=", "a=--host-copies split"], "repeat"),
     (["a=", "b=--kl-setting 'x"], "quotation"),  # shlex cannot split it
+    (["stock=--host-copies split", "b="], "--stock's row"),  # the stock row's name is taken
 ])
 def test_bad_variants_say_what_was_expected(texts, message):
     with pytest.raises(ValueError, match=message):
         interleave.parse_variants(texts)
+
+
+def test_with_stock_one_variant_is_enough_and_none_means_high_as_set():
+    assert interleave.parse_variants(["a=--host-copies split"], stock=True) == \
+        [interleave.Variant("a", ("--host-copies", "split"))]
+    assert interleave.parse_variants([], stock=True) == [interleave.Variant("high", ())]
+    with pytest.raises(ValueError, match="stock"):
+        interleave.parse_variants(["stock="], stock=True)
 
 
 def test_every_round_runs_every_variant_once_in_its_own_order():
@@ -59,6 +68,37 @@ def test_each_decode_runs_under_its_own_variant():
     assert result.times == {"x": [1.0] * 5, "y": [2.0] * 5, "z": [3.0] * 5}
     assert sorted(seen[6:]) == sorted(["x", "y", "z"] * 5)
     assert result.paths == {"x": ["path x"], "y": ["path y"], "z": ["path z"]}
+
+
+def test_a_row_with_its_own_decode_takes_its_turn_in_every_round():
+    """The stock row decodes through its own call (VAEDecode), in its warm-up and in every
+    round, while the variants decode through the shared one."""
+    calls: list[str] = []
+    result = interleave.run_interleaved(
+        lambda: calls.append("high") or "high", {"stock": lambda: None, "a": lambda: None},
+        rounds=4, warmup=1, timed=lambda fn: (1.0 if fn() == "stock" else 4.0, None),
+        decodes={"stock": lambda: calls.append("stock") or "stock"})
+    assert calls[:2] == ["stock", "high"]  # warm-ups in the rows' order
+    assert sorted(calls[2:]) == ["high"] * 4 + ["stock"] * 4
+    assert result.times == {"stock": [1.0] * 4, "a": [4.0] * 4}
+
+
+def test_speedup_over_stock_pairs_the_times_of_one_round():
+    # Stock slows down over the run and the variant with it: per-round ratios stay at 2x, where
+    # medians of each row alone would read 15 / 7.5 as well, but the quartiles say how steady.
+    assert interleave.round_speedups([10.0, 20.0, 30.0], [5.0, 10.0, 15.0]) == [2.0, 2.0, 2.0]
+    with pytest.raises(ValueError):
+        interleave.round_speedups([10.0, 20.0], [5.0])  # rows of unequal rounds: not paired
+
+
+def test_summary_with_stock_gives_each_variant_its_speedup_and_the_stock_before_install():
+    variants = [interleave.Variant("high", ())]
+    result = interleave.Interleaved({"stock": [100.0, 120.0, 90.0], "high": [20.0, 30.0, 18.0]},
+                                    {"stock": ["stock"], "high": ["high: 2 fused modules"]})
+    table = interleave.summary_table({"case": result}, variants, {"case": [95.0, 96.0, 97.0]})
+    assert "| case | high | (as set) | 20.0 (18.0-30.0, 3) | — | 5.00x (4.00-5.00) | high: 2 fused modules |" in table
+    assert "| case | stock | stock decode | 100.0 (90.0-120.0, 3) | — | — | stock |" in table
+    assert "| case | stock before install | stock decode, timed before the rounds | 96.0 (95.0-97.0, 3) | — | — | stock |" in table
 
 
 def test_a_path_change_during_the_rounds_is_kept():
@@ -136,6 +176,22 @@ def test_interleave_runs_tiny_cases_and_leaves_the_switches_as_they_were(tmp_pat
     assert "commit" in data and data["comfyui"] is None
     assert (kl_settings.norm_input_bias, host_copy.memmove, host_copy.parts,
             pixel_settings.cast_latent_on_device) == before
+
+
+def test_interleave_with_stock_times_stock_in_the_rounds_and_before_install(tmp_path):
+    pytest.importorskip("diffusers")
+    path = tmp_path / "interleave.json"
+    code, out = run_cli(["interleave", "--no-comfyui", "--cases", "tiny-sdxl", "--rounds", "3",
+                         "--warmup", "1", "--json", str(path), "--stock"])
+    assert code == 0
+    assert "| tiny-sdxl | stock | stock decode |" in out
+    assert "| tiny-sdxl | stock before install |" in out
+    data = json.loads(path.read_text())
+    assert {name: len(t) for name, t in data["times_ms"]["tiny-sdxl"].items()} == \
+        {"stock": 3, "high": 3}
+    assert data["paths"]["tiny-sdxl"]["stock"] == ["stock"]
+    assert data["paths"]["tiny-sdxl"]["high"] and "stock" not in data["paths"]["tiny-sdxl"]["high"]
+    assert len(data["stock_before_install_ms"]["tiny-sdxl"]) == 3
 
 
 @pytest.mark.parametrize("variant,message", [
