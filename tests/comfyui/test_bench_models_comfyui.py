@@ -139,3 +139,25 @@ def test_interleave_runs_against_comfyui_and_restores_the_switches(tmp_path, mon
     assert {v: len(t) for v, t in data["times_ms"]["tiny-sdxl"].items()} == \
         {"defaults": 2, "rns": 2, "pooled": 2}
     assert (kl_settings.residual_norm_stats, host_copy.memmove) == before
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+def test_interleave_with_stock_takes_turns_with_comfyuis_vaedecode(tmp_path, monkeypatch):
+    """``interleave --stock`` on ComfyUI: VAEDecode decodes in every round beside ``high``, and
+    is also timed before the pack installs anything on the VAE."""
+    from fast_vae_decode.bench.cli import main
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    comfy_nodes()
+    path = tmp_path / "interleave.json"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["interleave", "--comfyui", os.environ["COMFYUI_PATH"], "--cases",
+                     "tiny-sdxl", "--rounds", "2", "--warmup", "0", "--json", str(path), "--stock"])
+    assert code == 0, out.getvalue()
+    data = json.loads(path.read_text())
+    assert {v: len(t) for v, t in data["times_ms"]["tiny-sdxl"].items()} == {"stock": 2, "high": 2}
+    assert data["paths"]["tiny-sdxl"]["stock"] == ["stock"]
+    assert len(data["stock_before_install_ms"]["tiny-sdxl"]) == 3
+    assert "| tiny-sdxl | stock before install |" in out.getvalue()
