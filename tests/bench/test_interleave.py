@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from fast_vae_decode.bench import interleave
 from fast_vae_decode.fastpath.families.kl.settings import settings as kl_settings
@@ -192,6 +193,28 @@ def test_interleave_with_stock_times_stock_in_the_rounds_and_before_install(tmp_
     assert data["paths"]["tiny-sdxl"]["stock"] == ["stock"]
     assert data["paths"]["tiny-sdxl"]["high"] and "stock" not in data["paths"]["tiny-sdxl"]["high"]
     assert len(data["stock_before_install_ms"]["tiny-sdxl"]) == 3
+
+
+def test_the_stock_row_decodes_a_twin_the_pack_never_installs_in(monkeypatch):
+    """An installed model's closed gate takes the pack's bit-exact cheaper paths: timed as
+    stock, it would flatter every speed-up. The stock row's model must stay uninstalled."""
+    pytest.importorskip("diffusers")
+    from fast_vae_decode.bench import cli, subjects
+
+    built = []
+    real = subjects.build_subject
+
+    def recording(*args, **kwargs):
+        built.append(real(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(subjects, "build_subject", recording)
+    code, _ = run_cli(["interleave", "--no-comfyui", "--cases", "tiny-sdxl", "--rounds", "2",
+                       "--warmup", "0", "--stock"])
+    assert code == 0
+    high, twin = built
+    assert cli.installed_models(high.vae) and not cli.installed_models(twin.vae)
+    assert torch.equal(high.latent, twin.latent)
 
 
 @pytest.mark.parametrize("variant,message", [
