@@ -334,9 +334,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_options(inter, f"comma-separated bench cases (default: {','.join(DEFAULT_CASES)}; "
                                f"without a CUDA GPU: {','.join(TINY_CASES)})", "cpu, cuda or cuda:N")
     inter.add_argument("--stock", action="store_true",
-                       help="ComfyUI's VAEDecode takes its turn in every round too (one --variant "
-                            "is then enough; none: high as set), and each variant's speed-up "
-                            "over it is the median of the rounds' ratios")
+                       help="ComfyUI's VAEDecode, on a copy of the model the pack never installs in, "
+                            "takes its turn in every round too (one --variant is then enough; "
+                            "none: high as set), and each variant's speed-up over it is the "
+                            "median of the rounds' ratios")
     inter.add_argument("--rounds", type=_count(1), default=15, help="default %(default)s")
     inter.add_argument("--warmup", type=_count(0), default=2,
                        help="untimed decodes per variant first (default %(default)s)")

@@ -139,9 +139,15 @@ def run_interleaved(decode: Callable[[], Any], applies: dict[str, Callable[[], N
     return Interleaved(times, paths)
 
 
+def _quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(median, q1, q3), the quartiles as the nearest lower rank (few rounds: no interpolation)."""
+    t = sorted(values)
+    return statistics.median(t), t[len(t) // 4], t[(3 * len(t)) // 4]
+
+
 def _spread(times: list[float]) -> str:
-    t = sorted(times)
-    return f"{statistics.median(t):.1f} ({t[len(t) // 4]:.1f}-{t[(3 * len(t)) // 4]:.1f}, {len(t)})"
+    median, q1, q3 = _quartiles(times)
+    return f"{median:.1f} ({q1:.1f}-{q3:.1f}, {len(times)})"
 
 
 def round_speedups(stock: list[float], variant: list[float]) -> list[float]:
@@ -154,8 +160,8 @@ def summary_table(results: dict[str, Interleaved], variants: list[Variant],
                   stock_before: dict[str, list[float]] | None = None) -> str:
     """Markdown: per case and variant the median (quartiles, rounds), against the first, and
     the path its decodes reported; with a stock row, each variant's speed-up over it (the
-    median of the per-round ratios, and their quartiles), and ``stock_before``'s decodes (stock
-    timed before the pack installed anything: its closed gate must not be what slows stock)."""
+    median of the per-round ratios, and their quartiles), and ``stock_before``'s decodes (the
+    high subject's stock before its install: the twin's stock in the rounds should read alike)."""
     base = variants[0].name
     with_stock = any(STOCK in r.times for r in results.values())
     rows = ["| case | variant | options | ms, median (q1-q3, rounds) | vs " + base
@@ -170,15 +176,14 @@ def summary_table(results: dict[str, Interleaved], variants: list[Variant],
                       f"{100 * (statistics.median(by_variant[v.name]) / reference - 1):+.1f}%")
             speedup = ""
             if STOCK in by_variant:
-                r = sorted(round_speedups(by_variant[STOCK], by_variant[v.name]))
-                speedup = (f" {statistics.median(r):.2f}x ({r[len(r) // 4]:.2f}-"
-                           f"{r[(3 * len(r)) // 4]:.2f}) |")
+                median, q1, q3 = _quartiles(round_speedups(by_variant[STOCK], by_variant[v.name]))
+                speedup = f" {median:.2f}x ({q1:.2f}-{q3:.2f}) |"
             path = "; ".join(result.paths.get(v.name, [])) or "—"
             rows.append(f"| {case} | {v.name} | {' '.join(v.options) or '(as set)'} | "
                         f"{_spread(by_variant[v.name])} | {change} |{speedup} {path} |")
         if STOCK in by_variant:
             rows.append(f"| {case} | {STOCK} | stock decode | "
-                        f"{_spread(by_variant[STOCK])} | — |" + " — |" + " stock |")
+                        f"{_spread(by_variant[STOCK])} | — | — | stock |")
         if (stock_before or {}).get(case):
             rows.append(f"| {case} | {STOCK} before install | stock decode, timed before the "
                         f"rounds | {_spread(stock_before[case])} | — |"
