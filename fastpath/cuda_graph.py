@@ -23,6 +23,14 @@ Invariants:
 - Memory: a decoder's graphs share one private pool that keeps the decode's activations
   between decodes; a graph is kept only while that pool is at most ``MAX_POOL_FRACTION`` of
   the device, and it goes with the folds when ComfyUI unloads the model (``_fvd_cache``).
+- A pool is captured into only while a kept graph still uses it. Once its last graph is reset
+  (stale weights, refused, dropped) torch's allocator keeps the pool's entry with no user until
+  its memory is emptied, and a capture into that handle fails torch's own assertion (seen on
+  ComfyUI 0.33, whose dynamic VRAM moves a VAE's weights whenever another model loads). Such a
+  failure inside ``capture_begin`` also leaves the device's default random generator in capture
+  mode on torch <= 2.11, after which every random op outside a capture raises "Offset
+  increment outside graph capture" -- a sampler's noise included. So a decoder with no kept
+  graph starts a fresh pool, and a failed capture mends the generator (``_mend_generator``).
 - Outputs are handed out as copies (a later replay rewrites the graph's own), in the
   structure ``run`` returned: tensors in lists and tuples, anything else (a cache slot's
   marker string, None) as it was at capture.
@@ -130,18 +138,42 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         stream = _capture_stream(device)
         stream.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(stream):
-            # thread_local: ComfyUI's other threads may touch CUDA while this one captures.
-            graph.capture_begin(pool=pool, capture_error_mode="thread_local")
-            try:
-                out = run(static_in)
-            finally:
-                graph.capture_end()
+        try:
+            with torch.cuda.stream(stream):
+                # thread_local: ComfyUI's other threads may touch CUDA while this one captures.
+                graph.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    out = run(static_in)
+                finally:
+                    graph.capture_end()
+        except BaseException:
+            _mend_generator(device)
+            raise
         torch.cuda.current_stream(device).wait_stream(stream)
         return graph, out, max(0, torch.cuda.memory_reserved(device) - reserved)
 
     def pool_budget(self, device: torch.device) -> int:
         return int(torch.cuda.get_device_properties(device).total_memory * MAX_POOL_FRACTION)
+
+
+def _mend_generator(device: torch.device) -> None:
+    """After a failed capture: if the device's default generator was left in capture mode (a
+    random op outside any capture raises), put a copy of its state in its place -- same seed
+    and offset, not capturing. The probe's own draw is given back, so the random stream the
+    process sees is the one it would have seen."""
+    if torch.cuda.is_current_stream_capturing():
+        return
+    generator = torch.cuda.default_generators[device.index if device.index is not None
+                                              else torch.cuda.current_device()]
+    offset = generator.get_offset()
+    try:
+        torch.empty(1, device=device).uniform_()
+    except RuntimeError:
+        generator.graphsafe_set_state(generator.clone_state())
+        log_once("cuda_graph:generator", "a failed CUDA graph capture left torch's random "
+                 "generator in capture mode; its state was restored")
+    else:
+        generator.set_offset(offset)
 
 
 _STREAMS: dict = {}
@@ -292,6 +324,8 @@ def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
             state.last = "replayed"
             return _copied(hit.static_out)
         _reset(state.captured.pop(key).graph)  # stale: the eager decode below may rebuild folds
+        if not state.captured:
+            state.pool, state.pool_bytes = None, 0  # no user left: the pool is dead (note)
     seen = state.seen.get(key)
     if key in state.refused or seen != (weights, generation()):
         state.last = ("refused for this shape" if key in state.refused else
@@ -306,8 +340,9 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     stats = gate.stats
     before = (stats.fused_calls, dict(stats.fallbacks), list(stats.kernel_errors))
     gen = generation()
-    if state.pool is None:
-        state.pool = BACKEND.new_pool(x.device)
+    if state.pool is None or not state.captured:
+        # No kept graph uses the old pool: torch would refuse a capture into it (module note).
+        state.pool, state.pool_bytes = BACKEND.new_pool(x.device), 0
     static_in = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
     static_in.copy_(x)
     try:

@@ -36,9 +36,20 @@ def _copy_into(dest, src) -> None:
         assert dest == src  # a marker (None, a string) is what the capture left
 
 
+class _Pool:
+    """A graph pool handle as torch's caching allocator treats it: live while a graph captured
+    into it is kept; once every such graph is reset the handle is dead, and a capture into it
+    fails the allocator's assertion (``use_count > 0``) instead of starting a new pool."""
+
+    def __init__(self):
+        self.users = 0
+        self.used = False
+
+
 class _Replayer:
-    def __init__(self, backend, run, static_in, static_out):
+    def __init__(self, backend, run, static_in, static_out, pool):
         self.backend, self.run, self.static_in, self.static_out = backend, run, static_in, static_out
+        self.pool = pool
         self.was_reset = False
 
     def replay(self):
@@ -50,6 +61,8 @@ class _Replayer:
             _copy_into(self.static_out, self.run(self.static_in))
 
     def reset(self):
+        if not self.was_reset:
+            self.pool.users -= 1
         self.was_reset = True
 
 
@@ -65,14 +78,18 @@ class CpuStandIn:
         return True
 
     def new_pool(self, device):
-        return object()
+        return _Pool()
 
     def capture(self, run, static_in, pool):
         self.captures += 1
         if self.fail is not None:
             raise self.fail
+        if pool.used and pool.users == 0:
+            raise RuntimeError("it->second->use_count > 0 INTERNAL ASSERT FAILED")
+        pool.used = True
+        pool.users += 1
         out = run(static_in)
-        graph = _Replayer(self, run, static_in, out)
+        graph = _Replayer(self, run, static_in, out, pool)
         self.graphs.append(graph)
         return graph, out, self.pool_bytes
 
@@ -177,8 +194,29 @@ def test_a_change_between_decodes_is_decoded_eagerly_then_captured_again(model, 
     out, _, _ = _high(model, z)
     assert standin.replays == 1 and standin.graphs[0].was_reset
     assert torch.equal(out, _eager(model, z))
+    # The stale graph was the pool's only user: its memory is no longer counted, and the next
+    # capture goes into a new pool (torch refuses a capture into a pool with no graph left).
+    assert cuda_graph.graph_bytes(model) == 0
     _high(model, z)
-    assert standin.captures == 2
+    assert standin.captures == 2 and standin.replays == 2
+    assert cuda_graph.graph_status(model) == ["captured"]
+    assert standin.graphs[1].pool is not standin.graphs[0].pool
+    _high(model, z)
+    assert standin.replays == 3
+
+
+def test_a_pool_shared_by_kept_graphs_is_kept(model, standin):
+    """Two shapes share one pool; the stale one going leaves the pool to the other, and the
+    recapture joins it (a new pool per capture would keep two decodes' activations)."""
+    small, big = _latent(), _latent(shape=(1, 4, 8, 12))
+    for z in (small, small, big, big):
+        _high(model, z)
+    assert standin.graphs[0].pool is standin.graphs[1].pool
+    _fold_dropped(model)  # both graphs stale
+    _high(model, small)  # the small one's graph goes; the big one's still holds the pool
+    assert standin.graphs[1].pool.users == 1
+    _high(model, small)
+    assert standin.captures == 3 and standin.graphs[2].pool is standin.graphs[1].pool
 
 
 def test_unload_drops_the_graphs(model, standin):
