@@ -663,12 +663,13 @@ def _interleave(args) -> int:
         return set_variant
 
     applies = {name: apply(opts) for name, opts in chosen.items()}
-    nodes, version = None, None
+    nodes, version, note = None, None, None
     if comfyui is not None:
-        from .comfyui import comfyui_path, comfyui_version, setup_comfyui
+        from .comfyui import comfyui_path, comfyui_version, memory_mode, setup_comfyui
 
         path = comfyui_path(comfyui)
         nodes, version = setup_comfyui(path, shlex.split(args.comfyui_args)), comfyui_version(path)
+        note = interleave.stock_note(memory_mode()) if args.stock else None
     host_malloc = "system"
     if args.host_malloc == "steady":
         from .hostmem import keep_freed_host_memory
@@ -707,6 +708,8 @@ def _interleave(args) -> int:
     finally:
         switches.restore()
     print(interleave.summary_table(results, variants, stock_before))
+    if note:
+        print("\n" + note)
     if args.json_path:
         import json
 
@@ -721,7 +724,7 @@ def _interleave(args) -> int:
                 "variants": {v.name: list(v.options) for v in variants}, "rounds": args.rounds,
                 "times_ms": {c: r.times for c, r in results.items()},
                 "paths": {c: r.paths for c, r in results.items()},
-                "stock_before_install_ms": stock_before,
+                "stock_before_install_ms": stock_before, "stock_note": note,
                 "small_cases": all(c.name in TINY_CASES for c in cases)}
         pathlib.Path(args.json_path).write_text(json.dumps(data, indent=1))
     return 0

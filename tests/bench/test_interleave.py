@@ -193,6 +193,16 @@ def test_interleave_with_stock_times_stock_in_the_rounds_and_before_install(tmp_
     assert data["paths"]["tiny-sdxl"]["stock"] == ["stock"]
     assert data["paths"]["tiny-sdxl"]["high"] and "stock" not in data["paths"]["tiny-sdxl"]["high"]
     assert len(data["stock_before_install_ms"]["tiny-sdxl"]) == 3
+    assert data["stock_note"] is None and "Note:" not in out  # no ComfyUI: one model per turn
+
+
+def test_the_stock_rounds_under_dynamic_vram_carry_a_note():
+    """On 0.33's default flags the twin and the fast model take turns being loaded, which
+    doubled high's image-case rounds on the GPU: the table must say what it timed."""
+    note = interleave.stock_note("dynamic VRAM")
+    assert note and "alternating two VAEs" in note and "bench" in note
+    assert interleave.stock_note("legacy (NORMAL_VRAM)") is None
+    assert interleave.stock_note(None) is None
 
 
 def test_the_stock_row_decodes_a_twin_the_pack_never_installs_in(monkeypatch):
