@@ -163,8 +163,7 @@ def _mend_generator(device: torch.device) -> None:
     process sees is the one it would have seen."""
     if torch.cuda.is_current_stream_capturing():
         return
-    generator = torch.cuda.default_generators[device.index if device.index is not None
-                                              else torch.cuda.current_device()]
+    generator = torch.cuda.default_generators[device.index]  # a CUDA tensor's device has one
     offset = generator.get_offset()
     try:
         torch.empty(1, device=device).uniform_()
@@ -340,8 +339,9 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     stats = gate.stats
     before = (stats.fused_calls, dict(stats.fallbacks), list(stats.kernel_errors))
     gen = generation()
-    if state.pool is None or not state.captured:
-        # No kept graph uses the old pool: torch would refuse a capture into it (module note).
+    if not state.captured:
+        # No kept graph uses the old pool (or there is none): torch would refuse a capture
+        # into a pool whose graphs all went (module note).
         state.pool, state.pool_bytes = BACKEND.new_pool(x.device), 0
     static_in = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype, device=x.device)
     static_in.copy_(x)
