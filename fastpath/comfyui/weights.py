@@ -250,6 +250,15 @@ class CallWeights:
             return STREAMED
         return None
 
+    def substitute(self, module: torch.nn.Module, tensors: tuple) -> None:
+        """Compute this call with ``tensors`` (in ``module._parameters`` order) in place of the
+        fetched ones: copies with the same values that outlive the slot (``cuda_graph``). The
+        fetch itself is still given back when the call ends."""
+        entry = self.get(module)
+        by_name = dict(zip(module._parameters, tensors, strict=True))
+        self._held[id(module)] = (module, entry._replace(
+            weight=by_name.get("weight"), bias=by_name.get("bias"), stable=True))
+
     def release(self) -> None:
         held, self._held = self._held, {}
         for _, fetched in held.values():
@@ -322,6 +331,25 @@ def call_tensors(module: torch.nn.Module, x: torch.Tensor) -> tuple[str | None, 
     if hit is None:
         return None, tuple(params.values()), True
     return None, tuple(hit.weight if n == "weight" else hit.bias for n in params), hit.stable
+
+
+def is_slot(module: torch.nn.Module) -> bool:
+    """Whether this call's weights of ``module`` are a VRAM slot of dynamic VRAM (fetched
+    offloadable, given back when the call ends): resident now, but ComfyUI faults them into
+    another slot whenever another model loads."""
+    fetched = _fetched(module)
+    return fetched is not None and fetched.release is not None and fetched.stable
+
+
+def read_instead(module: torch.nn.Module, tensors: tuple) -> None:
+    """From now on in the scope that fetched ``module`` (the innermost, where nested), read
+    ``tensors`` (``_parameters`` order) as its weights: copies with the same values that
+    outlive the slot (``cuda_graph``)."""
+    for scope in reversed(_stack()):
+        if scope.get(module) is not None:
+            scope.substitute(module, tensors)
+            return
+    raise LookupError(f"{type(module).__name__}: no weights fetched in an open scope")
 
 
 def weight_of(module: torch.nn.Module, name: str = "weight") -> torch.Tensor | None:

@@ -372,3 +372,128 @@ def test_wan_lossless_and_the_default_settings_never_capture(wan_model, monkeypa
         with torch.no_grad(), gate_for(wan_model).opened(False):
             wan_model.decode(z)
     assert backend.captures == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights in dynamic-VRAM slots (ComfyUI 0.33's default): ComfyUI faults a VAE's weights into
+# new slots whenever another model loads, so the graph and the folds read copies the decoder
+# keeps, compared bit for bit with each slot faulted in anew (``cuda_graph._use_copies``).
+# ComfyUI's ops are simulated by a ``comfy.ops`` module whose ``cast_bias_weight`` hands out each
+# module's slot as ComfyUI's does: the same tensors while resident, new ones once evicted.
+# Tier 3 (``tests/comfyui/test_comfyui_main_gpu.py``) runs it on ComfyUI itself on a GPU.
+
+WEIGHTED = (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.Linear)
+
+
+class _Slots:
+    """Every weighted module of ``model`` as dynamic VRAM leaves it: Parameters are NaN
+    placeholders, the real weights live in ``real``, and a fetch faults them into new slot
+    tensors when none is resident (``evict()`` drops them, as another model's load does)."""
+
+    def __init__(self, model, monkeypatch):
+        self.real, self.faults, self.open, self.modules = {}, 0, 0, []
+        ops = types.ModuleType("comfy.ops")
+
+        def forward_comfy_cast_weights(*args, **kwargs):
+            raise AssertionError("a stock forward under simulated slots")
+
+        forward_comfy_cast_weights.__module__ = "comfy.ops"
+        for cls in WEIGHTED:
+            monkeypatch.setattr(cls, "forward_comfy_cast_weights", forward_comfy_cast_weights,
+                                raising=False)
+        ops.cast_bias_weight, ops.uncast_bias_weight = self._cast, self._uncast
+        monkeypatch.setitem(sys.modules, "comfy.ops", ops)
+        for m in model.decoder.modules():
+            if not isinstance(m, WEIGHTED):
+                continue
+            self.modules.append(m)
+            self.real[id(m)] = {k: p.detach().clone() for k, p in m._parameters.items()
+                                if p is not None}
+            for k, p in self.real[id(m)].items():
+                m._parameters[k] = torch.nn.Parameter(torch.full_like(p, float("nan")),
+                                                      requires_grad=False)
+            monkeypatch.setattr(m, "comfy_cast_weights", True, raising=False)
+            m.__dict__["_v"] = ("slot",)
+
+    def _cast(self, s, input=None, dtype=None, device=None, bias_dtype=None, offloadable=False,
+              **kwargs):
+        if "_v_weight" not in s.__dict__:
+            self.faults += 1
+            real = self.real[id(s)]
+            s.__dict__["_v_weight"] = real["weight"].clone()
+            s.__dict__["_v_bias"] = real["bias"].clone() if "bias" in real else None
+        weight, bias = s.__dict__["_v_weight"], s.__dict__["_v_bias"]
+        if offloadable:
+            self.open += 1
+            return weight, bias, ("slot",)
+        return weight, bias
+
+    def _uncast(self, s, weight, bias, state):
+        self.open -= 1
+
+    def evict(self):
+        for m in self.modules:
+            m.__dict__.pop("_v_weight", None)
+            m.__dict__.pop("_v_bias", None)
+
+    def rewrite(self, scale):
+        """Other bits for the next fault (a LoRA, another file)."""
+        for real in self.real.values():
+            real["weight"] = real["weight"] * scale
+
+
+@pytest.fixture
+def slots(model, standin, monkeypatch):
+    return _Slots(model, monkeypatch)
+
+
+def test_slots_faulted_in_anew_with_the_same_bits_keep_the_graph_and_the_folds(model, standin,
+                                                                              slots):
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    assert (standin.captures, standin.replays) == (1, 1)
+    faults, folds = slots.faults, cache.generation()
+    slots.evict()  # another model loaded
+    replayed, _, fallbacks = _high(model, z)
+    assert cuda_graph.graph_status(model) == ["replayed"], fallbacks
+    assert (standin.captures, standin.replays) == (1, 2)
+    assert cache.generation() == folds  # nothing rebuilt
+    assert slots.faults > faults and slots.open == 0  # fetched anew, every fetch given back
+    assert torch.equal(replayed, _eager(model, z))
+
+
+def test_slots_with_other_bits_make_new_copies_and_a_new_graph(model, standin, slots):
+    z = _latent()
+    _high(model, z)
+    before, _, _ = _high(model, z)
+    slots.rewrite(0.75)
+    slots.evict()
+    changed, _, fallbacks = _high(model, z)
+    assert fallbacks == {} and standin.replays == 1 and standin.graphs[0].was_reset
+    assert not torch.equal(changed, before)
+    _high(model, z)
+    assert (standin.captures, standin.replays) == (2, 2)
+    replayed, _, _ = _high(model, z)
+    assert standin.replays == 3 and torch.equal(replayed, changed)
+    assert torch.equal(replayed, _eager(model, z))
+
+
+def test_the_copies_are_counted_and_go_with_the_graphs(model, standin, slots):
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    weights = sum(t.numel() * t.element_size() for real in slots.real.values()
+                  for t in real.values())
+    assert cuda_graph.graph_bytes(model) == standin.pool_bytes + weights
+    assert cache.drop_fast_path_caches(model) > 0
+    assert cuda_graph.graph_bytes(model) == 0
+
+
+def test_a_shape_refused_a_graph_keeps_no_copies(model, standin, slots):
+    standin.budget = standin.pool_bytes  # the pool alone fits; with the copies it does not
+    z = _latent()
+    for _ in range(3):
+        _high(model, z)
+    assert standin.captures == 1 and standin.replays == 0
+    assert cuda_graph.graph_bytes(model) == 0 and slots.open == 0

@@ -1,6 +1,7 @@
 """Run in a fresh process by the tier-3 main.py test: ComfyUI initialised as its ``main.py``
 does (its default memory mode: dynamic VRAM on NVIDIA in newer trees), then one VAE decoded by
-``VAEDecode`` and by this pack's node at both qualities, then unloaded. Prints one JSON line.
+``VAEDecode`` and by this pack's node at both qualities, once more after another VAE decoded,
+then unloaded. Prints one JSON line.
 
 ``python comfy_main_probe.py COMFYUI_PATH ARCH [ComfyUI flags...]``
 """
@@ -77,6 +78,12 @@ def main() -> None:
             out["graph_status"].append(graph_status(vae.first_stage_model))
         out["high_again_equal"] = [bool(torch.equal(h, high)) for h in again]
         out["graph_bytes_loaded"] = graph_bytes(vae.first_stage_model)
+        # Another model decodes in between, as a sampler does in a workflow: dynamic VRAM
+        # faults the first VAE's weights into new slots, and its graph must still replay.
+        nodes.VAEDecode().decode(comfy_vae(arch, seed=1), {"samples": z})
+        after = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="high").args[0]
+        out["after_other_status"] = graph_status(vae.first_stage_model)
+        out["high_after_other_equal"] = bool(torch.equal(after, high))
     mm.unload_all_models()
     mm.soft_empty_cache()
     out["cache_bytes_unloaded"] = cache_bytes(vae.first_stage_model)
