@@ -78,16 +78,19 @@ def _hook_state_dict_loads(module: torch.nn.Module) -> None:
 
 
 def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[], object],
-           extra_key: tuple = (), keep: bool = True) -> object:
+           extra_key: tuple = (), keep: bool = True, bump: bool = True) -> object:
     """``build()`` once per (source tensors, extra_key); later calls return the cached value.
 
     ``keep=False`` (sources that are per-call copies, see ``comfyui.weights.is_stable``) builds
     the value for this call only and drops any kept one: a fold of a copy that dies with the
     call would never be hit again and would only hold memory.
+
+    ``bump=False``: building the value leaves the fold generation as it is, for a value that
+    every reader fetches per call (never one a CUDA graph reads behind its weight fingerprint).
     """
     if not keep:
         store = module.__dict__.get(_ATTR)
-        if store is not None and store.pop(name, None) is not None:
+        if store is not None and store.pop(name, None) is not None and bump:
             _bump()
         return build()
     store = module.__dict__.get(_ATTR)
@@ -99,7 +102,8 @@ def cached(module: torch.nn.Module, name: str, sources: tuple, build: Callable[[
     if hit is not None and hit[0] == key and _same_objects(hit[2], sources):
         return hit[1]
     store.pop(name, None)  # free the stale copy before building the new one
-    _bump()
+    if bump:
+        _bump()
     value = build()
     refs = tuple(None if t is None else weakref.ref(t) for t in sources)
     store[name] = (key, value, refs)

@@ -31,15 +31,17 @@ Invariants:
   mode on torch <= 2.11, after which every random op outside a capture raises "Offset
   increment outside graph capture" -- a sampler's noise included. So a decoder with no kept
   graph starts a fresh pool, and a failed capture mends the generator (``_mend_generator``).
-- Weights in a dynamic-VRAM slot (ComfyUI 0.33's default) are read through copies the decoder
-  keeps (``_SlotCopy``), never at the slot's address: ComfyUI faults a VAE's weights into new
-  slots whenever another model loads, which in a workflow is before every decode (the sampler
-  runs between them). Each decode still fetches its slots (pinned for the call, given back
-  after); where one was faulted in anew, its bits are compared with the copy's on the GPU, and
-  only a copy whose bits differ is made anew, which changes the fingerprint. So a graph, and
-  every fold of those weights, outlives the move. SDXL 1024² on an H200 (0.33): a decode right after
-  another VAE decoded took 69.7 ms, eager with two folds rebuilt, against 23.1 replayed.
-  The copies count against the pool's budget and go with the graphs.
+- Weights ComfyUI places (a dynamic-VRAM slot, a weight it force-loads onto the device, the
+  kept cast of one: ``placed_by_comfyui``) are read through copies the decoder keeps
+  (``_PlacedCopy``), never where ComfyUI put them: dynamic VRAM (ComfyUI 0.33's default)
+  prepares a VAE again whenever another model was loaded in between, which in a workflow is
+  before every decode (the sampler runs between them), and puts all of them at new places.
+  Each decode still fetches them (a slot is pinned for the call and given back after); where
+  ComfyUI handed over new tensors, their bits are compared with the copy's on the GPU (one host
+  read for all), and only a copy whose bits differ is made anew, which changes the fingerprint.
+  So a graph, and every fold of those weights, outlives the move. SDXL 1024² on an H200
+  (0.33): a decode right after another VAE decoded took 69.7 ms, eager with two folds rebuilt,
+  against 23.1 replayed. The copies count against the pool's budget and go with the graphs.
 - Outputs are handed out as copies (a later replay rewrites the graph's own), in the
   structure ``run`` returned: tensors in lists and tuples, anything else (a cache slot's
   marker string, None) as it was at capture.
@@ -60,7 +62,12 @@ import torch
 
 from .cache import generation, kept, kept_values
 from .comfyui.flags import cuda_graphs_disabled
-from .comfyui.weights import call_tensors, is_slot, read_instead, weights_for_call
+from .comfyui.weights import (
+    call_tensors,
+    placed_by_comfyui,
+    read_instead,
+    weights_for_call,
+)
 from .log import log_once
 
 # A decoder's graphs share one pool, so two shapes (a tiled decode's full and edge tiles, the
@@ -103,7 +110,7 @@ class _Graphs:
     seen: "OrderedDict[tuple, tuple]" = field(default_factory=OrderedDict)  # key -> (weights, gen)
     refused: set = field(default_factory=set)
     just_seen: tuple | None = None  # the key the last eager decode remembered (``settle``)
-    copies: dict = field(default_factory=dict)  # id(module) -> _SlotCopy
+    copies: dict = field(default_factory=dict)  # id(module) -> _PlacedCopy
     # What the last fast decode did: "replayed", "captured", or why it ran eagerly.
     last: str = "no decode yet"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -209,18 +216,18 @@ def graph_status(model: torch.nn.Module) -> list[str]:
 
 
 def graph_bytes(model: torch.nn.Module) -> int:
-    """Bytes the CUDA-graph pools under ``model``, and the slot weights' copies their graphs
-    read, hold between decodes."""
+    """Bytes the CUDA-graph pools under ``model``, and the weight copies their graphs read,
+    hold between decodes."""
     return sum(graphs.pool_bytes + graphs.copy_bytes() for graphs in kept_values(model, _ENTRY))
 
 
 def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
              copies: bool = True) -> tuple[tuple | None, str | None]:
-    """Fetch every weight under ``module`` into the open scope, slots replaced by their kept
-    copies where ``copies`` (``_use_copies``): (the addresses the decode reads, None), or
+    """Fetch every weight under ``module`` into the open scope, those ComfyUI placed replaced by
+    their kept copies where ``copies`` (``_use_copies``): (the addresses the decode reads, None), or
     (None, why) when a module's cannot be fetched as tensors that outlive the call (streamed,
     cast per call, patched)."""
-    read, slots = [], []
+    read, placed = [], []
     for m in _weighted_modules(module):
         reason, tensors, stable = call_tensors(m, x)
         if reason is None and not stable:
@@ -228,20 +235,20 @@ def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
         if reason is not None:
             name = next((n for n, sub in module.named_modules() if sub is m), "")
             return None, f"{name or type(m).__name__}: {reason}"
-        if copies and is_slot(m):
-            slots.append((m, tensors))
+        if copies and placed_by_comfyui(m):
+            placed.append((m, tensors))
         read.append((m, tensors))
-    if slots:
-        _use_copies(state, slots)
+    if placed:
+        _use_copies(state, placed)
         read = [(m, state.copies[id(m)].tensors if id(m) in state.copies else tensors)
                 for m, tensors in read]
     return tuple(None if t is None else t.data_ptr() for _, tensors in read for t in tensors), None
 
 
 @dataclass
-class _SlotCopy:
-    """A slot's weights as a graphed decoder reads them: ``tensors`` (``_parameters`` order)
-    hold the bits the slot's tensors ``sources`` (``_sources``) held."""
+class _PlacedCopy:
+    """A module's placed weights as a graphed decoder reads them: ``tensors`` (``_parameters``
+    order) hold the bits ComfyUI's tensors ``sources`` (``_sources``) held."""
 
     module: torch.nn.Module
     sources: tuple
@@ -259,7 +266,7 @@ class _SlotCopy:
 
 
 def _sources(tensors: tuple) -> tuple:
-    """The slot's tensors as objects and addresses. ComfyUI faults a slot back in as new tensor
+    """ComfyUI's tensors as objects and addresses. It places weights again as new tensor
     objects, at the same address or another, so only the same objects at the same addresses
     are known to hold the same bits; anything else is compared."""
     return tuple(None if t is None else (weakref.ref(t), t.data_ptr()) for t in tensors)
@@ -274,24 +281,24 @@ _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def _bits_differ(pairs: list) -> list[bool]:
-    """For each (copy, slot) pair of tensor tuples: whether any element's bits differ (NaNs
+    """For each (copy, placed) pair of tensor tuples: whether any element's bits differ (NaNs
     and signed zeros compared as stored). One device-to-host read for all of them."""
     def bits(t: torch.Tensor) -> torch.Tensor:
         return t.view(_BITS[t.element_size()])
 
     flags = [torch.stack([(bits(a) != bits(b)).any()
-                          for a, b in zip(copy, slot, strict=True) if a is not None]).any()
-             for copy, slot in pairs]
+                          for a, b in zip(copy, placed, strict=True) if a is not None]).any()
+             for copy, placed in pairs]
     return torch.stack(flags).tolist() if flags else []
 
 
-def _use_copies(state: _Graphs, slots: list) -> None:
-    """Point the open scopes' slot weights at the copies the decoder keeps: a slot whose tensors
-    are still its copy's sources is read through the copy as it is; one faulted in anew keeps
-    its copy where its bits are the same, and gets a new copy (new addresses: graphs and folds
-    of the old one are stale) where they differ or its shape changed."""
+def _use_copies(state: _Graphs, placed: list) -> None:
+    """Point the open scopes' placed weights at the copies the decoder keeps: a module whose
+    tensors are still its copy's sources is read through the copy as it is; one ComfyUI placed
+    anew keeps its copy where the bits are the same, and gets a new copy (new addresses: graphs
+    and folds of the old one are stale) where they differ or a shape changed."""
     moved, fresh = [], []
-    for m, tensors in slots:
+    for m, tensors in placed:
         kept_copy = state.copies.get(id(m))
         if kept_copy is None or not kept_copy.fits(m, tensors):
             fresh.append((m, tensors))
@@ -304,9 +311,9 @@ def _use_copies(state: _Graphs, slots: list) -> None:
         else:
             kept_copy.sources = _sources(tensors)
     for m, tensors in fresh:
-        state.copies[id(m)] = _SlotCopy(m, _sources(tensors), tuple(
+        state.copies[id(m)] = _PlacedCopy(m, _sources(tensors), tuple(
             None if t is None else t.clone() for t in tensors))
-    for m, _ in slots:
+    for m, _ in placed:
         read_instead(m, state.copies[id(m)].tensors)
 
 

@@ -133,9 +133,11 @@ def _cast_copy(module: torch.nn.Module, x: torch.Tensor, cast) -> tuple | None:
     size = sum(t.numel() * x.element_size() for t in (weight, bias) if t is not None)
     if size > MAX_CAST_COPY_BYTES:
         return None
+    # No fold generation bump (``cache``): the copy is what this call fetches, so whoever reads
+    # it (a CUDA graph's fingerprint, or its weight copies) sees a rebuilt one through the fetch.
     return cached(module, _CAST_COPY, (weight, bias),
                   lambda: tuple(cast(module, x, offloadable=False)[:2]),
-                  extra_key=(x.dtype, x.device))
+                  extra_key=(x.dtype, x.device), bump=False)
 
 
 # Where a module remembers that ComfyUI's cast handed back its own Parameters (see _as_cast).
@@ -333,12 +335,13 @@ def call_tensors(module: torch.nn.Module, x: torch.Tensor) -> tuple[str | None, 
     return None, tuple(hit.weight if n == "weight" else hit.bias for n in params), hit.stable
 
 
-def is_slot(module: torch.nn.Module) -> bool:
-    """Whether this call's weights of ``module`` are a VRAM slot of dynamic VRAM (fetched
-    offloadable, given back when the call ends): resident now, but ComfyUI faults them into
-    another slot whenever another model loads."""
+def placed_by_comfyui(module: torch.nn.Module) -> bool:
+    """Whether this call's weights of ``module`` came from ComfyUI's cast and outlive the call:
+    a VRAM slot of dynamic VRAM, a weight it force-loaded onto the device, or the kept cast of
+    one. ComfyUI puts each of them at a new place (new tensors) whenever it prepares the model
+    again, which dynamic VRAM does whenever another model was loaded in between."""
     fetched = _fetched(module)
-    return fetched is not None and fetched.release is not None and fetched.stable
+    return fetched is not None and fetched.stable
 
 
 def read_instead(module: torch.nn.Module, tensors: tuple) -> None:

@@ -375,23 +375,27 @@ def test_wan_lossless_and_the_default_settings_never_capture(wan_model, monkeypa
 
 
 # ---------------------------------------------------------------------------------------------
-# Weights in dynamic-VRAM slots (ComfyUI 0.33's default): ComfyUI faults a VAE's weights into
-# new slots whenever another model loads, so the graph and the folds read copies the decoder
-# keeps, compared bit for bit with each slot faulted in anew (``cuda_graph._use_copies``).
-# ComfyUI's ops are simulated by a ``comfy.ops`` module whose ``cast_bias_weight`` hands out each
-# module's slot as ComfyUI's does: the same tensors while resident, new ones once evicted.
+# Weights ComfyUI places (dynamic VRAM, ComfyUI 0.33's default): it puts a VAE's weights at new
+# places whenever another model was loaded in between, so the graph and the folds read copies
+# the decoder keeps, compared bit for bit with what ComfyUI hands over anew
+# (``cuda_graph._use_copies``). ComfyUI's ops are simulated by a ``comfy.ops`` module whose
+# ``cast_bias_weight`` hands out slots and force-loaded weights as ComfyUI's does: the same
+# tensors while resident, new ones once the model was prepared again.
 # Tier 3 (``tests/comfyui/test_comfyui_main_gpu.py``) runs it on ComfyUI itself on a GPU.
 
 WEIGHTED = (torch.nn.Conv2d, torch.nn.GroupNorm, torch.nn.Linear)
 
 
 class _Slots:
-    """Every weighted module of ``model`` as dynamic VRAM leaves it: Parameters are NaN
-    placeholders, the real weights live in ``real``, and a fetch faults them into new slot
-    tensors when none is resident (``evict()`` drops them, as another model's load does)."""
+    """The decoder's weighted modules as dynamic VRAM leaves them. Convs and linears have a VRAM
+    slot: their Parameters are NaN placeholders, the real weights live in ``real``, and a fetch
+    faults them into new slot tensors when none is resident. GroupNorms and the head conv are
+    force-loaded: their own Parameters on the device, handed back by the cast (the head's kept in
+    fp64, the model's dtype, so cast per call). ``evict()`` is another model's load:
+    the slots go, and the force-loaded Parameters are put back as new objects."""
 
     def __init__(self, model, monkeypatch):
-        self.real, self.faults, self.open, self.modules = {}, 0, 0, []
+        self.real, self.faults, self.open, self.slotted, self.forced = {}, 0, 0, [], []
         ops = types.ModuleType("comfy.ops")
 
         def forward_comfy_cast_weights(*args, **kwargs):
@@ -406,17 +410,30 @@ class _Slots:
         for m in model.decoder.modules():
             if not isinstance(m, WEIGHTED):
                 continue
-            self.modules.append(m)
+            monkeypatch.setattr(m, "comfy_cast_weights", True, raising=False)
+            if isinstance(m, torch.nn.GroupNorm) or m is model.decoder.conv_out:
+                self.forced.append(m)
+                if m is model.decoder.conv_out:  # kept in the model's dtype: cast per call
+                    for k, p in list(m._parameters.items()):
+                        m._parameters[k] = torch.nn.Parameter(p.detach().double(),
+                                                              requires_grad=False)
+                continue
+            self.slotted.append(m)
             self.real[id(m)] = {k: p.detach().clone() for k, p in m._parameters.items()
                                 if p is not None}
             for k, p in self.real[id(m)].items():
                 m._parameters[k] = torch.nn.Parameter(torch.full_like(p, float("nan")),
                                                       requires_grad=False)
-            monkeypatch.setattr(m, "comfy_cast_weights", True, raising=False)
             m.__dict__["_v"] = ("slot",)
 
     def _cast(self, s, input=None, dtype=None, device=None, bias_dtype=None, offloadable=False,
               **kwargs):
+        if "_v" not in s.__dict__:  # force-loaded: its own Parameters, cast where need be
+            weight, bias = s._parameters["weight"], s._parameters.get("bias")
+            want = dtype or input.dtype
+            if weight.dtype != want:
+                weight, bias = weight.to(want), None if bias is None else bias.to(want)
+            return (weight, bias, None) if offloadable else (weight, bias)
         if "_v_weight" not in s.__dict__:
             self.faults += 1
             real = self.real[id(s)]
@@ -432,14 +449,24 @@ class _Slots:
         self.open -= 1
 
     def evict(self):
-        for m in self.modules:
+        for m in self.slotted:
             m.__dict__.pop("_v_weight", None)
             m.__dict__.pop("_v_bias", None)
+        for m in self.forced:
+            for k, p in list(m._parameters.items()):
+                if p is not None:
+                    m._parameters[k] = torch.nn.Parameter(p.detach().clone(), requires_grad=False)
 
     def rewrite(self, scale):
         """Other bits for the next fault (a LoRA, another file)."""
         for real in self.real.values():
             real["weight"] = real["weight"] * scale
+
+    def weight_bytes(self):
+        tensors = [t for real in self.real.values() for t in real.values()]
+        tensors += [p for m in self.forced for p in m._parameters.values() if p is not None]
+        # The head's copy is of its cast (fp32), half its fp64 Parameters' bytes.
+        return sum(t.numel() * min(t.element_size(), 4) for t in tensors)
 
 
 @pytest.fixture
@@ -454,8 +481,10 @@ def test_slots_faulted_in_anew_with_the_same_bits_keep_the_graph_and_the_folds(m
     _high(model, z)
     assert (standin.captures, standin.replays) == (1, 1)
     faults, folds = slots.faults, cache.generation()
+    norm = slots.forced[0].weight
     slots.evict()  # another model loaded
     replayed, _, fallbacks = _high(model, z)
+    assert slots.forced[0].weight is not norm
     assert cuda_graph.graph_status(model) == ["replayed"], fallbacks
     assert (standin.captures, standin.replays) == (1, 2)
     assert cache.generation() == folds  # nothing rebuilt
@@ -483,9 +512,7 @@ def test_the_copies_are_counted_and_go_with_the_graphs(model, standin, slots):
     z = _latent()
     _high(model, z)
     _high(model, z)
-    weights = sum(t.numel() * t.element_size() for real in slots.real.values()
-                  for t in real.values())
-    assert cuda_graph.graph_bytes(model) == standin.pool_bytes + weights
+    assert cuda_graph.graph_bytes(model) == standin.pool_bytes + slots.weight_bytes()
     assert cache.drop_fast_path_caches(model) > 0
     assert cuda_graph.graph_bytes(model) == 0
 
