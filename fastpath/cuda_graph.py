@@ -253,6 +253,8 @@ class _PlacedCopy:
     module: torch.nn.Module
     sources: tuple
     tensors: tuple
+    weight: torch.Tensor | None = None  # ``tensors`` by name, for the scope (``read_instead``)
+    bias: torch.Tensor | None = None
 
     @property
     def nbytes(self) -> int:
@@ -311,10 +313,13 @@ def _use_copies(state: _Graphs, placed: list) -> None:
         else:
             kept_copy.sources = _sources(tensors)
     for m, tensors in fresh:
-        state.copies[id(m)] = _PlacedCopy(m, _sources(tensors), tuple(
-            None if t is None else t.clone() for t in tensors))
+        copied = tuple(None if t is None else t.clone() for t in tensors)
+        named = dict(zip(m._parameters, copied, strict=True))
+        state.copies[id(m)] = _PlacedCopy(m, _sources(tensors), copied, named.get("weight"),
+                                          named.get("bias"))
     for m, _ in placed:
-        read_instead(m, state.copies[id(m)].tensors)
+        kept_copy = state.copies[id(m)]
+        read_instead(m, kept_copy.weight, kept_copy.bias)
 
 
 def _weighted_modules(root: torch.nn.Module) -> list[torch.nn.Module]:

@@ -252,14 +252,13 @@ class CallWeights:
             return STREAMED
         return None
 
-    def substitute(self, module: torch.nn.Module, tensors: tuple) -> None:
-        """Compute this call with ``tensors`` (in ``module._parameters`` order) in place of the
-        fetched ones: copies with the same values that outlive the slot (``cuda_graph``). The
-        fetch itself is still given back when the call ends."""
-        entry = self.get(module)
-        by_name = dict(zip(module._parameters, tensors, strict=True))
-        self._held[id(module)] = (module, entry._replace(
-            weight=by_name.get("weight"), bias=by_name.get("bias"), stable=True))
+    def substitute(self, module: torch.nn.Module, weight: torch.Tensor | None,
+                   bias: torch.Tensor | None) -> None:
+        """Compute this call with ``weight`` and ``bias`` in place of the fetched ones: copies
+        with the same bits that outlive where ComfyUI put them (``cuda_graph``). The fetch
+        itself is still given back when the call ends."""
+        release = self.get(module).release
+        self._held[id(module)] = (module, _Fetched(weight, bias, True, release))
 
     def release(self) -> None:
         held, self._held = self._held, {}
@@ -344,13 +343,14 @@ def placed_by_comfyui(module: torch.nn.Module) -> bool:
     return fetched is not None and fetched.stable
 
 
-def read_instead(module: torch.nn.Module, tensors: tuple) -> None:
+def read_instead(module: torch.nn.Module, weight: torch.Tensor | None,
+                 bias: torch.Tensor | None) -> None:
     """From now on in the scope that fetched ``module`` (the innermost, where nested), read
-    ``tensors`` (``_parameters`` order) as its weights: copies with the same values that
-    outlive the slot (``cuda_graph``)."""
+    ``weight`` and ``bias`` as its weights: copies with the same bits that outlive where
+    ComfyUI put them (``cuda_graph``)."""
     for scope in reversed(_stack()):
         if scope.get(module) is not None:
-            scope.substitute(module, tensors)
+            scope.substitute(module, weight, bias)
             return
     raise LookupError(f"{type(module).__name__}: no weights fetched in an open scope")
 
