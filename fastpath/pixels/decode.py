@@ -2,9 +2,10 @@
 
 The same steps as ComfyUI's non-tiled ``VAE.decode`` (model load with the same memory estimate,
 skipped where ComfyUI's own state shows it would change nothing (``comfyui.loading``),
-the same batch split, the same ``first_stage_model.decode`` and ``process_output``), except that
-``process_output`` runs on the VAE's device and the finished pixels are copied to host memory
-once (``fastpath.pixel_finish``); a Wan or LTX decode streams its frames there while it runs.
+the same batch split (``comfyui.decode_batches``), the same ``first_stage_model.decode`` and
+``process_output``), except that ``process_output`` runs on the VAE's device and the finished
+pixels are copied to host memory once (``fastpath.pixel_finish``); a Wan or LTX decode streams
+its frames there while it runs.
 The result is ``torch.equal`` to ``vae.decode``'s, laid out as ``VAEDecode`` returns it.
 Anything else, and any out-of-memory, goes to ``vae.decode`` itself, which keeps ComfyUI's own
 tiled retry.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..comfyui.decode_batches import free_memory_for_batches, unknown_batch_split_reason
 from ..comfyui.loading import load_for_decode
 from ..gate import existing_gate
 from ..install import find_family
@@ -61,6 +63,12 @@ def device_finish_reason(vae: object, latent: torch.Tensor) -> str | None:
         return f"VAE.decode is replaced ({patched}); it runs as given"
     if find_family(vae.first_stage_model) is None:
         return f"unsupported VAE ({type(vae.first_stage_model).__name__})"
+    batches = unknown_batch_split_reason(vae)
+    if batches is not None:
+        return batches
+    if getattr(vae.first_stage_model, "comfy_decode_estimate_is_reliable", False):
+        # Newer trees then tile without an untiled attempt when the estimate exceeds free memory.
+        return "the model's decode estimate decides tiling (ComfyUI's VAE.decode does that)"
     if torch.device(vae.device).type != "cuda" or torch.device(vae.output_device).type != "cpu":
         return "the VAE's outputs stay on its device (nothing to copy)"
     if getattr(vae, "latent_dim", latent.ndim - 2) != latent.ndim - 2:
@@ -128,7 +136,7 @@ def _decode_with_device_finish(vae, latent: torch.Tensor) -> torch.Tensor | None
     if skipped is not None:
         log_once("pixel_decode:resident", f"model load skipped: {skipped} (ComfyUI's "
                  "load_models_gpu would re-prepare every module)", logging.DEBUG)
-    per_pass = max(1, int(mm.get_free_memory(vae.device) / memory_used))
+    per_pass = max(1, int(free_memory_for_batches(vae) / memory_used))
     count = latent.shape[0]
     passes = -(-count // per_pass)
     pixels = None

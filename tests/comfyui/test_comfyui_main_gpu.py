@@ -51,6 +51,9 @@ def test_main_py_defaults_run_fused_exact_and_free_on_unload(arch):
     assert result["high_finite"] and result["psnr_vs_stock"] > 35, result
     assert result["cache_bytes_unloaded"] == 0, result
     _graph_replayed(arch, result)
+    asks_patcher = "self.patcher.get_free_memory" in (pathlib.Path(COMFYUI_PATH) / "comfy/sd.py").read_text()
+    assert result["batch_source"] == ("patcher" if asks_patcher else "model_management"), result
+    assert result["batch_free_gib"] > 0, result
 
 
 def _graph_replayed(arch: str, result: dict) -> None:

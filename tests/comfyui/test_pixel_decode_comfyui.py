@@ -58,6 +58,40 @@ def test_device_finish_loop_equals_vae_decode(pack, vaes, monkeypatch, arch, sha
 @requires_comfyui
 @pytest.mark.comfyui
 @pytest.mark.usefixtures("no_interpreter")
+def test_batch_split_asks_for_free_memory_where_vae_decode_does(pack, vaes, monkeypatch):
+    """Torch's free memory has room for one item a pass, the patcher's (0.33 and newer: with
+    what dynamic VRAM could evict) for the whole batch: the loop splits the batch as the tree's
+    own ``VAE.decode`` does, pass for pass, and stays bit-exact."""
+    import comfy.model_management as mm
+
+    module = pack_module("fastpath.pixels.decode")
+    vae, z = vaes["sdxl"], _latent(CASES[0][1])
+    model = vae.first_stage_model
+    pack_module("fastpath.install").install_fast_path(model)  # as the node does
+    one_item = vae.memory_used_decode(z.shape, vae.vae_dtype)
+    monkeypatch.setattr(mm, "get_free_memory", lambda *a, **k: one_item)
+    asks_patcher = hasattr(type(vae.patcher), "get_free_memory")
+    if asks_patcher:
+        monkeypatch.setattr(type(vae.patcher), "get_free_memory", lambda self, device: 2 * one_item)
+    batches = []
+
+    def recording(*args, **kwargs):
+        batches.append(args[0].shape[0])
+        return type(model).decode(model, *args, **kwargs)
+
+    monkeypatch.setattr(model, "decode", recording)
+    with torch.inference_mode():
+        expected = _stock(vae, z)
+        stock_batches, batches[:] = list(batches), []
+        pixels = module._decode_with_device_finish(vae, z)
+    assert stock_batches == ([2] if asks_patcher else [1, 1])
+    assert batches == stock_batches
+    assert torch.equal(pixels, expected)
+
+
+@requires_comfyui
+@pytest.mark.comfyui
+@pytest.mark.usefixtures("no_interpreter")
 def test_out_of_memory_hands_the_decode_to_comfyui(pack, vaes, monkeypatch):
     import comfy.model_management as mm
 
@@ -94,6 +128,10 @@ def test_what_the_device_finish_declines(pack, vaes):
     gpu_like.device = torch.device("cuda", 0)
     assert module.device_finish_reason(gpu_like, image_latent) is None
     assert "5-D latent" in module.device_finish_reason(gpu_like, image_latent[:, :, None])
+    reliable = copy.copy(gpu_like)
+    reliable.first_stage_model = copy.copy(vae.first_stage_model)
+    reliable.first_stage_model.comfy_decode_estimate_is_reliable = True  # newest trees tile on it
+    assert "decides tiling" in module.device_finish_reason(reliable, image_latent)
     with torch.inference_mode():  # declined: exactly VAE.decode
         assert torch.equal(module.decode_pixels(vae, image_latent), vae.decode(image_latent))
 

@@ -35,6 +35,10 @@ def main() -> None:
 
     from fast_vae_decode.bench.models import comfy_vae
     from fast_vae_decode.fastpath.cache import cache_bytes
+    from fast_vae_decode.fastpath.comfyui.decode_batches import (
+        batch_memory_source,
+        free_memory_for_batches,
+    )
     from fast_vae_decode.fastpath.cuda_graph import graph_bytes, graph_status
     from fast_vae_decode.nodes.fast_vae_decode import FastVAEDecode
 
@@ -84,6 +88,10 @@ def main() -> None:
         after = FastVAEDecode.execute(samples={"samples": z}, vae=vae, quality="high").args[0]
         out["after_other_status"] = graph_status(vae.first_stage_model)
         out["high_after_other_equal"] = bool(torch.equal(after, high))
+        # The free memory the pack's decode loop splits batches by, asked where VAE.decode asks
+        # (0.33+: the patcher, which adds what dynamic VRAM could evict from the other VAE).
+        out["batch_source"] = batch_memory_source(type(vae).decode)
+        out["batch_free_gib"] = free_memory_for_batches(vae) / 2**30
     mm.unload_all_models()
     mm.soft_empty_cache()
     out["cache_bytes_unloaded"] = cache_bytes(vae.first_stage_model)
