@@ -19,6 +19,10 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# ``python -m pytest`` from the checkout puts its root on sys.path, where its folders shadow
+# installed packages (``kernels/`` Hugging Face's ``kernels``, which newer transformers import
+# through diffusers; ``nodes/`` ComfyUI's ``nodes.py``). The package is imported by its name.
+sys.path[:] = [p for p in sys.path if pathlib.Path(p or ".").resolve() != REPO]
 # The tests' helper package ``support`` (tests/support/) is imported from here.
 if str(REPO / "tests") not in sys.path:
     sys.path.insert(0, str(REPO / "tests"))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import subprocess
 import sys
@@ -147,6 +148,35 @@ def test_running_the_checkout_by_path_finds_the_package():
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "tiny-wan22" in result.stdout
+
+
+# ``python -m fast_vae_decode`` run in the checkout, emulated with runpy from ``-c`` (which puts
+# the working directory on sys.path as ``-m`` does), then asking where ``kernels`` resolves.
+MODULE_RUN = """
+import importlib.util, runpy, sys
+sys.argv = ["fast_vae_decode", "bench", "--list-cases"]
+try:
+    runpy.run_module("fast_vae_decode", run_name="__main__", alter_sys=True)
+except SystemExit:
+    pass
+print(importlib.util.find_spec("kernels").origin)
+"""
+
+
+def test_running_the_module_in_the_checkout_leaves_installed_packages_unshadowed(tmp_path):
+    """An installed top-level ``kernels`` (Hugging Face's, which newer transformers import
+    through diffusers) stays what ``import kernels`` finds: the checkout's ``kernels/`` folder
+    must not shadow it."""
+    site = tmp_path / "site"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "__init__.py").write_text("")
+    (site / "fast_vae_decode").symlink_to(REPO, target_is_directory=True)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    result = subprocess.run([sys.executable, "-c", MODULE_RUN], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "tiny-wan22" in result.stdout  # the command ran
+    assert result.stdout.strip().splitlines()[-1] == str(site / "kernels" / "__init__.py")
 
 
 def test_bench_burns_in_on_the_first_case_only(monkeypatch):

@@ -43,10 +43,11 @@ print(json.dumps(result))
 
 
 @requires_comfyui
-def test_without_triton_the_pack_loads_in_comfyui_and_every_node_works():
+def test_without_triton_the_pack_loads_in_comfyui_and_every_node_works(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="0")
+    # From an empty folder (``-c`` puts the working directory on sys.path): see test_no_triton.
     out = subprocess.run([sys.executable, "-c", COMFY_SCRIPT, str(REPO / "tests")], env=env,
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
     for name, (equal, text) in result.items():

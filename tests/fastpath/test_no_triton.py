@@ -32,10 +32,12 @@ print(json.dumps({"equal": torch.equal(lossless, high), "lossless": a.text(), "h
 """
 
 
-def test_without_triton_high_is_stock_and_says_why():
+def test_without_triton_high_is_stock_and_says_why(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1")  # even the interpreter needs Triton itself
+    # Run from an empty folder: ``-c`` puts the working directory on sys.path, and the
+    # checkout's ``kernels/`` would shadow the installed one that transformers imports.
     out = subprocess.run([sys.executable, "-c", SCRIPT, str(REPO)], env=env, capture_output=True,
-                         text=True, timeout=300, check=True)
+                         text=True, timeout=300, check=True, cwd=tmp_path)
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result["equal"]
     assert result["lossless"] == "lossless"

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pathlib
 import re
+import sys
 
 import tomllib
 
@@ -116,3 +117,10 @@ def test_package_imports_without_comfyui_or_diffusers():
     assert out.stdout.strip().splitlines()[-1] == "[]"
     assert callable(fast_vae_decode.comfy_entrypoint)
     assert fast_vae_decode.WEB_DIRECTORY == "./web"
+
+
+def test_the_checkout_root_is_off_sys_path_in_the_tests():
+    """``python -m pytest`` from the checkout puts its root on sys.path; the conftest takes it
+    off, so ``import kernels`` (newer transformers, through diffusers) finds the installed
+    package and ``import nodes`` ComfyUI's, never this repository's folders."""
+    assert all(pathlib.Path(p or ".").resolve() != REPO for p in sys.path)
