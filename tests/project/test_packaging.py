@@ -59,8 +59,11 @@ def test_built_wheel_has_every_subpackage_and_the_data_folders(tmp_path):
 
     source = _copy_of_the_package(tmp_path)
     out = tmp_path / "wheel"
-    script = ("import sys; from setuptools import build_meta; "
-              "print(build_meta.build_wheel(sys.argv[1]))")
+    # Built from the copy's folder (the backend builds the working directory), which ``-c``
+    # also puts on sys.path: dropped, or its kernels/ would shadow an installed ``kernels``
+    # whose setuptools plugin the build loads (Hugging Face's, with newer transformers).
+    script = ("import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+              "from setuptools import build_meta; print(build_meta.build_wheel(sys.argv[1]))")
     result = subprocess.run([sys.executable, "-c", script, str(out)], cwd=source,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
