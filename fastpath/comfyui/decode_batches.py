@@ -20,7 +20,6 @@ PATCHER = "patcher"
 MODEL_MANAGEMENT = "model_management"
 
 
-@functools.lru_cache(maxsize=8)
 def _asks(code: CodeType) -> str | None:
     """PATCHER or MODEL_MANAGEMENT: the one owner of every ``get_free_memory`` the code calls
     (the name loaded just before the method); None for none, several or another owner."""
@@ -32,6 +31,7 @@ def _asks(code: CodeType) -> str | None:
     return owners.pop() if len(owners) == 1 and owners <= {PATCHER, MODEL_MANAGEMENT} else None
 
 
+@functools.lru_cache(maxsize=8)  # by the function's identity: read once per decode method
 def batch_memory_source(decode) -> str | None:
     """Whose free memory ``decode`` (a ``VAE.decode`` function) sizes its batches by."""
     code = getattr(decode, "__code__", None)
