@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from fast_vae_decode.fastpath import cache, cuda_graph, install
+from fast_vae_decode.fastpath.comfyui import weights as comfy_weights
 from fast_vae_decode.fastpath.families.kl import settings as kl_settings
 from fast_vae_decode.fastpath.gate import gate_for
 
@@ -51,13 +52,19 @@ class _Replayer:
         self.backend, self.run, self.static_in, self.static_out = backend, run, static_in, static_out
         self.pool = pool
         self.was_reset = False
+        # A graph reads the tensors the capture read, whatever the decode's scope holds when it
+        # replays (a replay ahead of the weight check runs before they are fetched again).
+        self.read = {k: (m, f._replace(release=None))
+                     for scope in comfy_weights._stack() for k, (m, f) in scope._held.items()}
 
     def replay(self):
         assert not self.was_reset
         self.backend.replays += 1
+        self.backend.events.append("replay")
         # The real replay adds nothing to the decode's stats (graphed_call adds the capture's
         # count): run the stand-in under a gate state of its own.
-        with gate_for(self.backend.model).opened(True):
+        with gate_for(self.backend.model).opened(True), comfy_weights.weights_for_call() as scope:
+            scope._held.update(self.read)
             _copy_into(self.static_out, self.run(self.static_in))
 
     def reset(self):
@@ -73,6 +80,7 @@ class CpuStandIn:
         self.model, self.pool_bytes, self.budget, self.fail = model, pool_bytes, budget, fail
         self.captures = self.replays = 0
         self.graphs: list[_Replayer] = []
+        self.events: list[str] = []  # "replay", and the simulated slots' "fetch" (in order)
 
     def usable(self, x):
         return True
@@ -394,8 +402,9 @@ class _Slots:
     fp64, the model's dtype, so cast per call). ``evict()`` is another model's load:
     the slots go, and the force-loaded Parameters are put back as new objects."""
 
-    def __init__(self, model, monkeypatch):
+    def __init__(self, model, monkeypatch, events=None):
         self.real, self.faults, self.open, self.slotted, self.forced = {}, 0, 0, [], []
+        self.events = [] if events is None else events
         ops = types.ModuleType("comfy.ops")
 
         def forward_comfy_cast_weights(*args, **kwargs):
@@ -428,6 +437,7 @@ class _Slots:
 
     def _cast(self, s, input=None, dtype=None, device=None, bias_dtype=None, offloadable=False,
               **kwargs):
+        self.events.append("fetch")
         if "_v" not in s.__dict__:  # force-loaded: its own Parameters, cast where need be
             weight, bias = s._parameters["weight"], s._parameters.get("bias")
             want = dtype or input.dtype
@@ -471,7 +481,7 @@ class _Slots:
 
 @pytest.fixture
 def slots(model, standin, monkeypatch):
-    return _Slots(model, monkeypatch)
+    return _Slots(model, monkeypatch, standin.events)
 
 
 def test_slots_faulted_in_anew_with_the_same_bits_keep_the_graph_and_the_folds(model, standin,
@@ -499,13 +509,46 @@ def test_slots_with_other_bits_make_new_copies_and_a_new_graph(model, standin, s
     slots.rewrite(0.75)
     slots.evict()
     changed, _, fallbacks = _high(model, z)
-    assert fallbacks == {} and standin.replays == 1 and standin.graphs[0].was_reset
+    # The stale graph ran ahead of the fetch (its copies are still the decoder's), and its
+    # output was dropped once the check found other bits.
+    assert fallbacks == {} and standin.replays == 2 and standin.graphs[0].was_reset
     assert not torch.equal(changed, before)
     _high(model, z)
-    assert (standin.captures, standin.replays) == (2, 2)
+    assert (standin.captures, standin.replays) == (2, 3)
     replayed, _, _ = _high(model, z)
-    assert standin.replays == 3 and torch.equal(replayed, changed)
+    assert standin.replays == 4 and torch.equal(replayed, changed)
     assert torch.equal(replayed, _eager(model, z))
+
+
+def test_a_graph_of_copies_replays_before_its_weights_are_fetched(model, standin, slots):
+    """The host fetches and checks the weights while the graph runs (``_replay_ahead``)."""
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    slots.evict()  # new slot tensors, the same bits: the check passes after the replay
+    del standin.events[:]
+    replayed, _, _ = _high(model, z)
+    assert cuda_graph.graph_status(model) == ["replayed"] and standin.events.count("replay") == 1
+    # Only the decoder's own ends (conv_in, norm_out, conv_out) are fetched before: its checks
+    # run before the graph is looked up. Every block's weights are fetched while it runs.
+    before = standin.events[:standin.events.index("replay")].count("fetch")
+    after = standin.events.count("fetch") - before
+    assert before <= 3 < after
+    assert torch.equal(replayed, _eager(model, z))
+
+
+def test_a_graph_reading_comfyuis_own_tensors_waits_for_the_check(model, standin):
+    """Without copies (weights read in place, as on 0.8) a graph may read memory ComfyUI has
+    freed since: it replays only once the fetched weights are the ones it was captured with."""
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    conv = model.decoder.conv_in
+    conv.weight = torch.nn.Parameter(conv.weight.detach().clone(), requires_grad=False)
+    out, _, _ = _high(model, z)
+    assert standin.replays == 1  # the capture's own replay only: none ahead of the check
+    assert cuda_graph.graph_status(model) != ["replayed"]  # decoded eagerly (stale graph gone)
+    assert torch.equal(out, _eager(model, z))
 
 
 def test_the_copies_are_counted_and_go_with_the_graphs(model, standin, slots):
