@@ -11,10 +11,12 @@ Triton kernels compiled), its next fast decode of that shape with the same weigh
 into a CUDA graph, and every later one replays it: one launch, the GPU never waits on Python.
 
 Invariants:
-- A graph reads the addresses it was captured with. Before a replay every module's weights are
-  fetched (ComfyUI's own cast, outside the graph) and must be the very tensors fetched before
-  the capture (``data_ptr``), and no fold may have been built or dropped anywhere since
-  (``cache.generation``); otherwise the decode runs eagerly and a later one captures again.
+- A graph reads the addresses it was captured with. A replay's output is used only if every
+  module's weights, fetched for that decode (ComfyUI's own cast, outside the graph), are the
+  very tensors fetched before the capture (``data_ptr``), and no fold was built or dropped
+  anywhere since (``cache.generation``); otherwise the decode runs eagerly and a later one
+  captures again. A graph that reads nothing but the decoder's own copies may run before that
+  fetch (``_replay_ahead``); any other graph runs only after it.
 - Nothing is built inside a capture (a capture records launches, it runs nothing, so a fold
   built there would hold garbage): a key is captured only after an eager decode with the same
   key, weights and fold generation, and a capture that changed the generation is not used.
