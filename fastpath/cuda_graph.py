@@ -466,9 +466,14 @@ def _replay_ahead(state: _Graphs, x: torch.Tensor, key: tuple):
     if (not replay_settings.ahead or hit is None or not hit.only_copies
             or hit.generation != generation()):
         return None
+    return hit, _replay(hit, x)
+
+
+def _replay(hit: _Captured, x: torch.Tensor):
+    """The graph run on ``x``; its output as the caller's own copy."""
     hit.static_in.copy_(x)
     hit.graph.replay()
-    return hit, _copied(hit.static_out)
+    return _copied(hit.static_out)
 
 
 def _replayed(state: _Graphs, gate, key: tuple, hit: _Captured, out):
@@ -482,9 +487,7 @@ def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
     hit = state.captured.get(key)
     if hit is not None:
         if hit.weights == weights and hit.generation == generation():
-            hit.static_in.copy_(x)
-            hit.graph.replay()
-            return _replayed(state, gate, key, hit, _copied(hit.static_out))
+            return _replayed(state, gate, key, hit, _replay(hit, x))
         _reset(state.captured.pop(key).graph)  # stale: the eager decode below may rebuild folds
         if not state.captured:
             state.pool, state.pool_bytes = None, 0  # no user left: the pool is dead (note)
