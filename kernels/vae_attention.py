@@ -36,6 +36,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from .exp_scores import exp_scores, exp_scores_unsupported
 from .softmax_rows import softmax_rows
 
 
@@ -123,17 +124,22 @@ def from_tokens(t: torch.Tensor, height: int, width: int) -> torch.Tensor:
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def _matmul_fp32(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Batched ``a @ b`` with an fp32 result: for half inputs on CUDA straight from the GEMM's
+    fp32 accumulator (newer torch), else in fp32 from widened inputs (exact widening)."""
+    if a.is_cuda and a.dtype in _HALF:
+        # Only "overload missing" errors fall through: an out-of-memory error must propagate.
+        try:
+            return torch.bmm(a, b, out_dtype=torch.float32)
+        except (TypeError, NotImplementedError):
+            pass
+    return torch.matmul(a.float(), b.float())
+
+
 def _scores(qc: torch.Tensor, kt: torch.Tensor, fp32: bool) -> torch.Tensor:
     if not fp32 or qc.dtype == torch.float32:
         return torch.matmul(qc, kt)
-    if qc.is_cuda:
-        # fp32 output straight from the half GEMM's fp32 accumulator (CUDA, newer torch). Only
-        # "overload missing" errors fall through: an out-of-memory error must propagate.
-        try:
-            return torch.bmm(qc, kt, out_dtype=torch.float32)
-        except (TypeError, NotImplementedError):
-            pass
-    return torch.matmul(qc.float(), kt.float())
+    return _matmul_fp32(qc, kt)
 
 
 def attention_chunk_size(
@@ -207,6 +213,66 @@ def attention_chunked(
     return out
 
 
+# ``attention_exp_scores``: each query row's reference is its best score among about
+# EXP_SCORES_SAMPLED_KEYS evenly strided keys, a score the row really has, so its largest E is
+# at least ~1 and no E of the row leaves bf16's range at the small end. A row whose sum exceeds
+# 2^EXP_SCORES_TRIP_LOG2 has a score far above every sampled one (an E may even be infinite);
+# the caller decodes such input again. Below that bound every E and every product with a value
+# under 2^60 stays inside fp32 (E v sums at most 2^64 * 2^60).
+EXP_SCORES_SAMPLED_KEYS = 1024
+EXP_SCORES_TRIP_LOG2 = 64
+
+
+def exp_scores_attention_unsupported(q: torch.Tensor, k: torch.Tensor,
+                                     v: torch.Tensor) -> str | None:
+    """Why ``attention_exp_scores`` cannot take these tokens; None if it can."""
+    if q.dim() != 3 or k.dim() != 3 or v.dim() != 3:
+        return "attention takes (N, L, d) tokens"
+    if v.shape[:2] != k.shape[:2] or v.dtype != q.dtype or v.device != q.device:
+        return "values differ from the keys in batch, tokens, dtype or device"
+    return exp_scores_unsupported(q, k)
+
+
+def exp_scores_chunk_size(batch: int, q_len: int, k_len: int, budget_bytes: int = 1 << 30) -> int:
+    """Query rows per chunk so one chunk's E (bf16) fits ``budget_bytes``: the one
+    score-sized tensor alive, where the softmax path holds two."""
+    return int(min(q_len, max(1, budget_bytes // max(1, batch * k_len * 2))))
+
+
+def attention_exp_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         tripped: torch.Tensor, chunk: int | None = None, *,
+                         budget_bytes: int = 1 << 30) -> torch.Tensor | None:
+    """``softmax(q k^T) v`` over bf16 tokens (N, L, d), scale folded into ``q``, as
+    ``(E v) / rowsum(E)`` with ``E = exp(q k^T - ref)`` written by ``exp_scores``; by chunks of
+    query rows. None, nothing computed, where ``exp_scores_attention_unsupported`` says why.
+
+    ``ref`` per row is its best score among the sampled keys (the note above). A row whose sum
+    says a score lies far above them is not repaired here: ``tripped`` (a bool tensor on the
+    device) is set, without a host sync, and the caller decides (the KL decoder decodes again
+    on the softmax path). Values agree with the softmax path up to rounding: E is rounded once to bf16
+    like the probabilities, the product with ``v`` accumulates in fp32 and is divided once.
+    """
+    if exp_scores_attention_unsupported(q, k, v) is not None:
+        return None
+    n, lq, _ = q.shape
+    lk = k.shape[1]
+    if chunk is None:
+        chunk = exp_scores_chunk_size(n, lq, lk, budget_bytes)
+    chunk = max(1, min(int(chunk), lq))
+    sampled = k[:, ::max(1, lk // EXP_SCORES_SAMPLED_KEYS)].transpose(1, 2)
+    most_sum = 2.0 ** EXP_SCORES_TRIP_LOG2
+    out = torch.empty(n, lq, v.shape[2], dtype=v.dtype, device=v.device)
+    for start in range(0, lq, chunk):
+        qc = q[:, start:start + chunk]
+        ref = torch.matmul(qc, sampled).amax(-1).float()
+        e, sums = exp_scores(qc, k, ref)
+        # NaN and inf trip too (not <=).
+        torch.logical_or(tripped, (~(sums <= most_sum)).any(), out=tripped)
+        out[:, start:start + chunk] = _matmul_fp32(e, v).div_(sums[..., None])
+        del e
+    return out
+
+
 def attention_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``softmax(q k^T) v`` over tokens (N, L, d) with torch SDPA, scale 1 (pre-folded).
 
@@ -266,8 +332,11 @@ __all__ = [
     "FoldedAttention",
     "attention_chunk_size",
     "attention_chunked",
+    "attention_exp_scores",
     "attention_sdpa",
     "attn_block_reference",
+    "exp_scores_attention_unsupported",
+    "exp_scores_chunk_size",
     "fold_attention_weights",
     "folded_attn_block_reference",
     "from_tokens",

@@ -18,8 +18,10 @@ from ....kernels.group_norm_silu import GROUP_NORM_SILU
 from ...comfyui.weights import bias_of, weights_for_call
 from ...cuda_graph import graphed_call, settings_key
 from ...fused import FusedModule
+from ...log import log_once
 from ...prewarm import tiny_input
 from ...reasons import input_reason
+from .exp_scores_guard import exp_scores_guard
 from .ops import (
     CHANNELS_LAST,
     StockLayoutGuard,
@@ -92,10 +94,18 @@ class _FusedDecoder(FusedModule):
             routed_conv2d(conv_out, tiny_input(conv_out.in_channels, 4, device, dtype))
 
     def fast_forward(self, z, *args, **kwargs):
-        if not settings.cuda_graphs:
-            return self._decode(z)
         # Everything in the settings may change which kernels the decode launches.
-        return graphed_call(self, z, self._decode, settings_key(settings))
+        key = settings_key(settings)
+        with exp_scores_guard.watch((tuple(z.shape), z.dtype, z.device) + key, z.device) as tripped:
+            out = (graphed_call(self, z, self._decode, key) if settings.cuda_graphs
+                   else self._decode(z))
+        if tripped[0]:
+            log_once("kl:exp_scores_tripped", "attention scores far above their sampled "
+                     "reference: this decode ran again with the softmax attention")
+            del out
+            with exp_scores_guard.suspend():
+                out = self._decode(z)
+        return out
 
     def _decode(self, z: torch.Tensor) -> torch.Tensor:
         conv_in, norm_out, conv_out = self._ends()

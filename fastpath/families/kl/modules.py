@@ -24,7 +24,9 @@ from ....kernels.upsample_conv_fold import (
 )
 from ....kernels.vae_attention import (
     attention_chunked,
+    attention_exp_scores,
     attention_sdpa,
+    exp_scores_attention_unsupported,
     fold_attention_weights,
     from_tokens,
     to_tokens,
@@ -33,6 +35,7 @@ from ...cache import cached
 from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
 from ...reasons import input_reason
+from .exp_scores_guard import exp_scores_guard
 from .ops import (
     StockLayoutGuard,
     add_bias_residual_,
@@ -138,9 +141,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # The batch's tokens, not one image's: SD1.5 768x512 batch 4 (4 x 6144 tokens) ran
         # 3.6 / 8.2% faster chunked than on SDPA's memory-efficient kernel (H200, 0.33 / 0.8,
         # docs/benchmark/3cdeced/interleave.md).
-        mode = "chunked" if q.shape[0] * q.shape[1] >= settings.chunked_min_tokens else "sdpa"
+        tokens = q.shape[0] * q.shape[1]
+        mode = ("exp_scores" if tokens >= settings.exp_scores_min_tokens else
+                "chunked" if tokens >= settings.chunked_min_tokens else "sdpa")
     if mode == "sdpa":
         return attention_sdpa(q, k, v)
+    if mode == "exp_scores" and not exp_scores_guard.suspended:
+        # A range trip is the decoder's to act on (``exp_scores_guard``); an input the kernel
+        # does not take (not bf16) keeps the chunked softmax.
+        if exp_scores_attention_unsupported(q, k, v) is None:
+            return attention_exp_scores(q, k, v, exp_scores_guard.flag(q.device))
     return attention_chunked(q, k, v, fp32_scores=settings.attention_fp32_scores,
                              row_softmax=settings.row_softmax)
 

@@ -22,10 +22,13 @@ class KLSettings:
     against 24.6 / 109.1 off; fp32 scores 25.1 / 128.9 for the same 56 / 57 dB PSNR)."""
 
     # "chunked" (matmul + softmax by query chunks), "sdpa" (torch SDPA: the stock kernel at
-    # d=512) or "auto" (chunked from ``chunked_min_tokens`` tokens in the batch up, where
-    # SDPA's memory-efficient kernel is slower; below that size neither matters).
+    # d=512), "exp_scores" (the score GEMM writes unnormalised probabilities, no softmax pass:
+    # ``kernels.exp_scores``; bf16 only, else chunked) or "auto" (chunked from
+    # ``chunked_min_tokens`` tokens in the batch up, where SDPA's memory-efficient kernel is
+    # slower, and exp_scores from ``exp_scores_min_tokens``; below 8192 neither matters).
     attention: str = "auto"
     chunked_min_tokens: int = 8192
+    exp_scores_min_tokens: int = 32768
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
     attention_fp32_scores: bool = False
     # Chunked attention's softmax as ``softmax_rows`` (Triton, in place: one read and one write
@@ -83,7 +86,7 @@ class KLSettings:
 settings = KLSettings()
 
 # The values each text field takes; the bench's ``--kl-setting NAME=VALUE`` rejects others.
-ATTENTION_MODES = ("auto", "chunked", "sdpa")
+ATTENTION_MODES = ("auto", "chunked", "sdpa", "exp_scores")
 UPSAMPLE_MODES = ("transposed", "subpixel", "stock")
 CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES, "upsample": UPSAMPLE_MODES}
 

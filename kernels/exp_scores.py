@@ -1,0 +1,146 @@
+"""Attention scores turned into unnormalised probabilities inside the score GEMM.
+
+``exp_scores(q, k, ref)`` writes ``E = exp(q k^T - ref)`` (``ref`` one value per query row) in
+the inputs' dtype, and the sum of each row of the written ``E``. The softmax of a row is
+``E / sum``, so an attention ``softmax(q k^T) v`` is ``(E v) / sum``: the GEMM against ``v`` and
+one division of its small output. No score tensor is written and then read back by a softmax
+pass (at 2048² the KL mid-block's scores are 65536 x 65536: torch's softmax moved them three
+times, 8 of an 86 ms SDXL decode on the H200).
+
+The reference ``ref`` replaces the row maximum a softmax subtracts. Any value works in exact
+arithmetic; in floating point it must keep the row's largest ``E`` inside bf16's normal range
+(fp32's: 2^-126 .. 2^127). The caller picks it and checks it: the row
+sums it gets back say whether the largest ``E`` fell below the range (``vae_attention``).
+
+Math: fp32 accumulation of ``q k^T`` (bf16 tensor-core products), ``exp2`` of the scaled
+score, one rounding to the output dtype; the row sums add the rounded values in fp32, tile by
+tile, then the tiles in a fixed order (deterministic). Offsets are int64: a chunk of rows times
+65536 keys passes 2^31 elements. Under ``TRITON_INTERPRET=1`` the tiles are widened to fp32
+before ``tl.dot`` (the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .accepts import autograd_reason
+from .backend import interpreting, launch, on_device, tl, triton, triton_unavailable_reason
+
+# bf16 only: it has fp32's exponent range, which ``ref``'s headroom is sized for (fp16's
+# largest value, 65504, would overflow at e^11.1).
+EXP_SCORES_DTYPES = (torch.bfloat16,)
+
+
+class ExpScoresConfig(NamedTuple):
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+# The one place to tune (H200 numbers in ``docs/benchmark``; the interpreter tests pass small
+# blocks of their own).
+EXP_SCORES_CONFIG = ExpScoresConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
+                                    num_stages=3)
+
+
+def exp_scores_reference(q: torch.Tensor, k: torch.Tensor,
+                         ref: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(``E``, row sums) in plain torch, fp32 math: the test oracle."""
+    e = torch.exp(q.float() @ k.float().transpose(-1, -2) - ref.float()[..., None]).to(q.dtype)
+    return e, e.float().sum(-1)
+
+
+def exp_scores_unsupported(q: torch.Tensor, k: torch.Tensor,
+                           ref: torch.Tensor | None = None) -> str | None:
+    """Why ``exp_scores`` cannot take these tensors (short, for the log); None if it can.
+    Without ``ref`` only ``q`` and ``k`` are asked about."""
+    reason = triton_unavailable_reason(q)
+    if reason is not None:
+        return reason
+    if q.dim() != 3 or k.dim() != 3:
+        return "q and k must be (batch, tokens, channels)"
+    if q.dtype not in EXP_SCORES_DTYPES or k.dtype != q.dtype:
+        return f"dtypes {q.dtype} / {k.dtype} (bf16 for both)"
+    if q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        return f"q {tuple(q.shape)} and k {tuple(k.shape)} differ in batch or channels"
+    if q.numel() == 0 or k.numel() == 0:
+        return "empty"
+    if q.stride(2) != 1 or k.stride(2) != 1:
+        return "channels not contiguous"
+    if k.device != q.device:
+        return "q and k on different devices"
+    if ref is not None and (ref.shape != q.shape[:2] or ref.dtype != torch.float32
+                            or not ref.is_contiguous() or ref.device != q.device):
+        return "ref must be contiguous fp32 of shape (batch, query tokens) on q's device"
+    return autograd_reason(q, k)
+
+
+def exp_scores(q: torch.Tensor, k: torch.Tensor, ref: torch.Tensor,
+               config: ExpScoresConfig | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(E, sums)``: ``E = exp(q k^T - ref[..., None])`` (batch, Lq, Lk) contiguous in q's
+    dtype and ``sums`` (batch, Lq) fp32, the row sums of ``E`` as written. ``ref`` is in the
+    scores' units (natural log). None, nothing written, when ``exp_scores_unsupported`` gives a
+    reason."""
+    if exp_scores_unsupported(q, k, ref) is not None:
+        return None
+    cfg = config or EXP_SCORES_CONFIG
+    batch, lq, d = q.shape
+    lk = k.shape[1]
+    tiles_n = -(-lk // cfg.block_n)
+    e = torch.empty(batch, lq, lk, dtype=q.dtype, device=q.device)
+    partial = torch.empty(batch, lq, tiles_n, dtype=torch.float32, device=q.device)
+    # Query tiles vary fastest, so the programs running together share one key tile (read
+    # from memory once) and the chunk's queries stay in L2.
+    grid = (-(-lq // cfg.block_m), tiles_n, batch)
+    with on_device(q.device):
+        launch(_exp_scores_kernel, grid, q, k, ref, e, partial, lq, lk, d,
+               q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+               BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+               DOT_FP32=interpreting(), num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return e, partial.sum(-1)
+
+
+if triton is not None:
+
+    @triton.jit(do_not_specialize=["lq", "lk", "d", "sqb", "sqm", "skb", "skn"])
+    def _exp_scores_kernel(q_ptr, k_ptr, ref_ptr, e_ptr, part_ptr, lq, lk, d,
+                           sqb, sqm, skb, skn,
+                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_K: tl.constexpr, DOT_FP32: tl.constexpr):
+        pid_m = tl.program_id(0)
+        pid_n = tl.program_id(1)
+        b = tl.program_id(2).to(tl.int64)
+        rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        ks = tl.arange(0, BLOCK_K)
+        row_ok = rows < lq
+        col_ok = cols < lk
+        q_rows = q_ptr + b * sqb + rows.to(tl.int64)[:, None] * sqm
+        k_rows = k_ptr + b * skb + cols.to(tl.int64)[:, None] * skn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for start in range(0, d, BLOCK_K):
+            kk = start + ks
+            a = tl.load(q_rows + kk[None, :], mask=row_ok[:, None] & (kk[None, :] < d), other=0.0)
+            bt = tl.load(k_rows + kk[None, :], mask=col_ok[:, None] & (kk[None, :] < d), other=0.0)
+            if DOT_FP32:  # see the module's note
+                a = a.to(tl.float32)
+                bt = bt.to(tl.float32)
+            acc = tl.dot(a, tl.trans(bt), acc)
+        ref = tl.load(ref_ptr + b * lq + rows, mask=row_ok, other=0.0)
+        # exp(x) = exp2(x * log2(e)): exp2 is the hardware's instruction.
+        e = tl.exp2(acc * 1.4426950408889634 - (ref * 1.4426950408889634)[:, None])
+        e = e.to(e_ptr.dtype.element_ty)
+        ok = row_ok[:, None] & col_ok[None, :]
+        out = e_ptr + (b * lq + rows.to(tl.int64))[:, None] * lk + cols[None, :]
+        tl.store(out, e, mask=ok)
+        part = tl.sum(tl.where(ok, e.to(tl.float32), 0.0), axis=1)
+        tiles = tl.num_programs(1)
+        tl.store(part_ptr + (b * lq + rows.to(tl.int64)) * tiles + pid_n, part, mask=row_ok)
+
+
+__all__ = ["EXP_SCORES_CONFIG", "ExpScoresConfig", "exp_scores", "exp_scores_reference",
+           "exp_scores_unsupported"]

@@ -1,0 +1,92 @@
+"""exp_scores (the score GEMM that writes unnormalised probabilities) against its plain-torch
+twin.
+
+Tier 1: the kernel under TRITON_INTERPRET on small shapes with small tiles. (Tier 3, the KL
+mid-block's real sizes and an output past 2^31 elements, is in test_exp_scores_gpu.py.)
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fast_vae_decode.kernels.exp_scores import (
+    ExpScoresConfig,
+    exp_scores,
+    exp_scores_reference,
+    exp_scores_unsupported,
+)
+
+SMALL = ExpScoresConfig(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=1)
+
+SHAPES = [
+    (1, 16, 32, 16),  # (batch, queries, keys, channels): exactly one tile
+    (1, 5, 7, 24),  # ragged in every dim; channels not a multiple of 16 (masked K tail)
+    (2, 33, 70, 40),  # batch 2, several tiles each way with ragged last ones
+]
+
+
+def _qk(batch, lq, lk, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = (torch.randn(batch, lq, d, generator=g) / d ** 0.5 * 3).bfloat16()
+    k = torch.randn(batch, lk, d, generator=g).bfloat16()
+    return q, k
+
+
+def _ref_rows(q, k, shift=-1.5):
+    """A reference a little under each row's best score (the row's largest E ~ e^1.5)."""
+    return ((q.float() @ k.float().transpose(1, 2)).amax(-1) + shift).contiguous()
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_exp_scores_matches_its_twin(shape):
+    q, k = _qk(*shape)
+    ref = _ref_rows(q, k)
+    e, sums = exp_scores(q, k, ref, SMALL)
+    expected_e, expected_sums = exp_scores_reference(q, k, ref)
+    assert e.shape == shape[:3] and e.dtype == torch.bfloat16 and e.is_contiguous()
+    # exp2 of a pre-scaled score against exp: at most one bf16 rounding step apart.
+    torch.testing.assert_close(e.float(), expected_e.float(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)  # as the values
+    # The sums are of the values written: the division by them normalises exactly those.
+    torch.testing.assert_close(sums, e.float().sum(-1), rtol=1e-6, atol=0)
+
+
+def test_exp_scores_reads_row_views_in_place():
+    # The attention hands each chunk of query rows as a view of the whole (no copy) and the
+    # keys as the tokens' view: strided batches.
+    q_all, k = _qk(2, 40, 50, 24, seed=3)
+    q = q_all[:, 8:29]
+    assert not q.is_contiguous()
+    ref = _ref_rows(q, k)
+    e, sums = exp_scores(q, k, ref, SMALL)
+    expected_e, expected_sums = exp_scores_reference(q, k, ref)
+    torch.testing.assert_close(e.float(), expected_e.float(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)  # as the values
+
+
+def test_a_reference_above_the_scores_keeps_the_relative_values():
+    # Any reference gives the same probabilities once divided by the sums, while the largest E
+    # stays in bf16's normal range (here about e^-40).
+    q, k = _qk(1, 9, 33, 16, seed=4)
+    e, sums = exp_scores(q, k, _ref_rows(q, k, shift=40.0), SMALL)
+    probs = torch.softmax(q.float() @ k.float().transpose(1, 2), -1)
+    torch.testing.assert_close(e.float() / sums[..., None], probs, rtol=2e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda q, k, r: (q.half(), k.half(), r), "bf16"),  # fp16's range is too narrow for ref
+    (lambda q, k, r: (q.float(), k.float(), r), "bf16"),
+    (lambda q, k, r: (q, k[..., :8], r), "channels"),
+    (lambda q, k, r: (q, k[:1], r), "batch"),
+    (lambda q, k, r: (q, k, r[:, :3]), "ref"),
+    (lambda q, k, r: (q, k, r.double()), "ref"),
+    (lambda q, k, r: (q.transpose(1, 2), k, r), "contiguous"),
+    (lambda q, k, r: (q.requires_grad_(), k, r), "autograd"),
+])
+def test_exp_scores_declines_what_it_cannot_take(make, needle):
+    q, k = _qk(2, 16, 16, 16)
+    q, k, ref = make(q, k, _ref_rows(q, k))
+    with torch.enable_grad():
+        reason = exp_scores_unsupported(q, k, ref)
+        assert reason is not None and needle in reason
+        assert exp_scores(q, k, ref, SMALL) is None
