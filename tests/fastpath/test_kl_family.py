@@ -19,6 +19,10 @@ from fast_vae_decode.fastpath.families.kl import install as kl
 from fast_vae_decode.fastpath.families.kl import modules as kl_modules
 from fast_vae_decode.fastpath.families.kl import ops as kl_ops
 from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+from fast_vae_decode.fastpath.families.kl.exp_scores_guard import (
+    ExpScoresGuard,
+    exp_scores_guard,
+)
 from fast_vae_decode.fastpath.families.kl.ops import FusedGroupNormSiLU
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.kernels import accepts as accepts_module
@@ -115,6 +119,7 @@ def test_high_is_close_to_lossless_and_keeps_the_output_layout(tiny):
     ("attention", "chunked"),
     ("attention_fp32_scores", True),
     ("row_softmax", True),  # the Triton row softmax in the chunked attention (off by default)
+    ("attention", "exp_scores"),  # fp32 here: bf16 only, so the chunked softmax runs
 ])
 def test_every_setting_stays_close(tiny, monkeypatch, setting, value):
     model, _, z, expected, _ = tiny
@@ -401,17 +406,84 @@ def test_load_state_dict_into_an_installed_model():
     (1, 6144, "sdpa"),  # one SD1.5 768x512 image: below the threshold
     (4, 6144, "chunked"),  # the same images as a batch of 4: the batch's tokens count
     (1, 16384, "chunked"),  # one SDXL 1024² image
+    (1, 65536, "exp_scores"),  # one SDXL 2048² image
+    (2, 16384, "exp_scores"),  # two 1024² images
 ])
 def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expected):
     chosen = []
     monkeypatch.setattr(kl_modules, "attention_sdpa", lambda q, k, v: chosen.append("sdpa"))
     monkeypatch.setattr(kl_modules, "attention_chunked",
                         lambda q, k, v, **options: chosen.append("chunked"))
+    monkeypatch.setattr(kl_modules, "exp_scores_attention_unsupported", lambda q, k, v: None)
+    monkeypatch.setattr(kl_modules, "attention_exp_scores",
+                        lambda q, k, v, tripped: chosen.append("exp_scores"))
     monkeypatch.setattr(kl_settings.settings, "attention", "auto")
     monkeypatch.setattr(kl_settings.settings, "chunked_min_tokens", 8192)
+    monkeypatch.setattr(kl_settings.settings, "exp_scores_min_tokens", 32768)
     q = torch.empty(batch, tokens, 8)
     kl_modules.attend(q, q, q)
     assert chosen == [expected]
+
+
+def test_exp_scores_keeps_the_chunked_softmax_for_what_it_does_not_take(monkeypatch):
+    chosen = []
+    monkeypatch.setattr(kl_modules, "attention_chunked",
+                        lambda q, k, v, **options: chosen.append("chunked"))
+    monkeypatch.setattr(kl_settings.settings, "attention", "exp_scores")
+    q = torch.empty(1, 64, 8)  # fp32: exp_scores is bf16 only
+    kl_modules.attend(q, q, q)
+    assert chosen == ["chunked"]
+
+
+@pytest.mark.parametrize("trip", [False, True])
+def test_a_tripped_exp_scores_decode_runs_again_on_the_softmax(tiny, monkeypatch, trip):
+    """The decoder reads the range flag once the decode is done: a tripped decode is run again
+    with the exp_scores path suspended, and its output is the softmax attention's; an
+    untripped one is kept as it is (one decode)."""
+    model, _, z, _, _ = tiny
+    monkeypatch.setattr(kl_settings.settings, "attention", "chunked")
+    expected, _ = _decode(model, z, is_open=True)
+    calls = []
+
+    def fake(q, k, v, tripped):  # the softmax's values, or junk with the flag set
+        calls.append(1)
+        if trip:
+            tripped.fill_(True)
+            return torch.zeros_like(v)
+        options = kl_settings.settings
+        return kl_modules.attention_chunked(q, k, v, fp32_scores=options.attention_fp32_scores,
+                                            row_softmax=options.row_softmax)
+
+    monkeypatch.setattr(kl_modules, "exp_scores_attention_unsupported", lambda q, k, v: None)
+    monkeypatch.setattr(kl_modules, "attention_exp_scores", fake)
+    monkeypatch.setattr(kl_settings.settings, "attention", "exp_scores")
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {}
+    assert calls == [1]  # the second decode, if any, did not ask exp_scores
+    assert torch.equal(out, expected)
+    assert not exp_scores_guard.suspended
+
+
+def test_the_guard_reads_the_flag_only_for_decodes_that_took_the_path():
+    """A graph replay runs no Python: the guard remembers which decode keys took the path
+    when they ran eagerly (or were captured) and reads the flag after every decode of those
+    keys; other decodes never read it (no host sync)."""
+    guard = ExpScoresGuard()
+    device = torch.device("cpu")
+    with guard.watch(("a",), device) as tripped:
+        guard.flag(device).fill_(True)  # an eager decode of key a takes the path and trips
+    assert tripped == [True]
+    with guard.watch(("a",), device) as tripped:
+        assert not guard.flag(device)  # cleared before each decode
+    assert tripped == [False]
+    flag = guard.flag(device)
+    with guard.watch(("a",), device) as tripped:
+        flag.fill_(True)  # a replay of key a writes the flag; no Python asked for it
+    assert tripped == [True]
+    with guard.watch(("b",), device) as tripped:
+        flag.fill_(True)  # key b never took the path: not read
+    assert tripped == [False]
+    assert guard.flag(device) is flag  # one flag per device for the process (graphs hold it)
 
 
 @pytest.mark.parametrize("kept", [True, False])

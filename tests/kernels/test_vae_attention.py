@@ -208,3 +208,75 @@ def test_chunked_softmax_is_the_row_kernel_in_place_where_it_runs(monkeypatch, f
         asked.clear()
         attention_chunked(qb, kb, vb, 10, fp32_scores=fp32_scores, row_softmax=False)
         assert asked == []
+
+
+# --- exp_scores attention ---------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_exp_scores(monkeypatch):
+    """Interpreter-sized tiles, and few sampled keys so the tests meet unsampled ones."""
+    from fast_vae_decode.kernels import exp_scores, vae_attention
+
+    monkeypatch.setattr(exp_scores, "EXP_SCORES_CONFIG",
+                        exp_scores.ExpScoresConfig(16, 32, 16, 4, 1))
+    monkeypatch.setattr(vae_attention, "EXP_SCORES_SAMPLED_KEYS", 8)
+
+
+@pytest.mark.parametrize("chunk", [None, 10])  # one chunk; 63 rows in chunks of 10 (ragged last)
+def test_exp_scores_attention_is_the_attention(small_exp_scores, chunk):
+    from fast_vae_decode.kernels.vae_attention import attention_exp_scores
+
+    qb, kb, vb = _tokens(7, torch.bfloat16)
+    exact = _plain_attention(qb.double(), kb.double(), vb.double())
+    tripped = torch.zeros((), dtype=torch.bool)
+    got = attention_exp_scores(qb, kb, vb, tripped, chunk)
+    assert got.dtype == torch.bfloat16 and got.shape == vb.shape[:2] + (C,)
+    # The bf16 chunked softmax's own bound (test_bf16_chunked_close); measured ~8e-3 here.
+    torch.testing.assert_close(got.double(), exact, rtol=0, atol=0.05)
+    assert not tripped
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")  # the interpreter's exp2
+def test_exp_scores_attention_trips_on_a_score_far_above_the_sampled_ones(small_exp_scores):
+    """One unsampled key aligned with a query at a huge score: that row's E overflows past the
+    trip bound. The flag is set on the device (no exception, no host check); the other rows
+    and a decode without the outlier stay untripped."""
+    from fast_vae_decode.kernels import vae_attention
+
+    qb, kb, vb = _tokens(8, torch.bfloat16)
+    stride = kb.shape[1] // vae_attention.EXP_SCORES_SAMPLED_KEYS
+    assert stride > 1  # key 1 is not sampled
+    tripped = torch.zeros((), dtype=torch.bool)
+    vae_attention.attention_exp_scores(qb, kb, vb, tripped)
+    assert not tripped
+    far = kb.clone()
+    far[0, 1] = (qb[0, 5].float() / qb[0, 5].float().norm() * 200).bfloat16()  # score ~ +200 |q|
+    vae_attention.attention_exp_scores(qb, far, vb, tripped)
+    assert tripped
+    still = torch.ones((), dtype=torch.bool)  # an OR: a set flag stays set
+    vae_attention.attention_exp_scores(qb, kb, vb, still)
+    assert still
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_exp_scores_attention_takes_bf16_only(dtype):
+    from fast_vae_decode.kernels.vae_attention import (
+        attention_exp_scores,
+        exp_scores_attention_unsupported,
+    )
+
+    q, k, v = _tokens(9, dtype)
+    tripped = torch.zeros((), dtype=torch.bool)
+    assert "bf16" in exp_scores_attention_unsupported(q, k, v)
+    assert attention_exp_scores(q, k, v, tripped) is None and not tripped
+
+
+def test_exp_scores_chunks_hold_one_score_tensor():
+    from fast_vae_decode.kernels.vae_attention import exp_scores_chunk_size
+
+    # SDXL 2048²'s mid-block: 65536 keys; 1 GiB holds 8192 rows of bf16 E (the softmax path's
+    # 4096 rows hold scores and probabilities).
+    assert exp_scores_chunk_size(1, 65536, 65536) == 8192
+    assert attention_chunk_size(1, 65536, 65536, torch.bfloat16) == 4096
+    assert exp_scores_chunk_size(2, 100, 7, budget_bytes=1) == 1
