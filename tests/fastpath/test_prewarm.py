@@ -303,3 +303,26 @@ def test_the_pack_conv_of_the_wan_head_is_compiled_first(cpu_warmup, monkeypatch
     names = [record[0].fn.__name__ for record in compiled]
     assert "_implicit_gemm_conv_kernel" in names
     assert names[0] == "_implicit_gemm_conv_kernel", names
+
+
+@pytest.mark.parametrize("dtype, attention, warmed", [
+    (torch.bfloat16, "auto", True),  # a 2048² decode will take it
+    (torch.bfloat16, "chunked", False),  # never taken
+    (torch.float32, "auto", False),  # bf16 only
+])
+def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(monkeypatch, dtype,
+                                                                     attention, warmed):
+    """The warm-up's tiny input takes SDPA, so the attention records the exp_scores kernel
+    itself: a 2048² decode then finds it compiled."""
+    from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+    from fast_vae_decode.kernels.backend import recording_launches
+    from fast_vae_decode.kernels.exp_scores import _exp_scores_kernel
+
+    monkeypatch.setattr(kl_settings.settings, "attention", attention)
+    model = tiny_vae().to(dtype)
+    install_fast_path(model)
+    attention_module = model.decoder.mid_block.attentions[0]
+    with recording_launches() as recorded, torch.inference_mode():
+        attention_module.prewarm(torch.device("cpu"), dtype)
+    assert any(r[0] is _exp_scores_kernel for r in recorded) == warmed
+    assert attention_module.prewarm_first() == (attention != "chunked")
