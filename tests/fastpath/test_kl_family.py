@@ -406,8 +406,9 @@ def test_load_state_dict_into_an_installed_model():
     (1, 6144, "sdpa"),  # one SD1.5 768x512 image: below the threshold
     (4, 6144, "chunked"),  # the same images as a batch of 4: the batch's tokens count
     (1, 16384, "chunked"),  # one SDXL 1024² image
-    (1, 65536, "exp_scores"),  # one SDXL 2048² image
-    (2, 16384, "exp_scores"),  # two 1024² images
+    (1, 65536, "exp_scores"),  # one SDXL 2048² image, with auto_exp_scores
+    (2, 16384, "exp_scores"),  # two 1024² images, with auto_exp_scores
+    (1, 65536, "chunked"),  # without auto_exp_scores (the default until measured on a GPU)
 ])
 def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expected):
     chosen = []
@@ -420,6 +421,7 @@ def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expe
     monkeypatch.setattr(kl_settings.settings, "attention", "auto")
     monkeypatch.setattr(kl_settings.settings, "chunked_min_tokens", 8192)
     monkeypatch.setattr(kl_settings.settings, "exp_scores_min_tokens", 32768)
+    monkeypatch.setattr(kl_settings.settings, "auto_exp_scores", expected == "exp_scores")
     q = torch.empty(batch, tokens, 8)
     kl_modules.attend(q, q, q)
     assert chosen == [expected]
@@ -484,6 +486,20 @@ def test_the_guard_reads_the_flag_only_for_decodes_that_took_the_path():
         flag.fill_(True)  # key b never took the path: not read
     assert tripped == [False]
     assert guard.flag(device) is flag  # one flag per device for the process (graphs hold it)
+
+
+def test_a_flag_first_asked_in_inference_mode_is_cleared_outside_it():
+    # ComfyUI decodes (and the warm-up runs) in inference mode; a later decode outside it
+    # clears the flag in place, which an inference tensor would refuse.
+    guard = ExpScoresGuard()
+    device = torch.device("cpu")
+    with torch.inference_mode():
+        with guard.watch(("a",), device) as tripped:
+            guard.flag(device).fill_(True)
+    assert tripped == [True]
+    with guard.watch(("a",), device) as tripped:
+        pass
+    assert tripped == [False]
 
 
 @pytest.mark.parametrize("kept", [True, False])

@@ -305,13 +305,15 @@ def test_the_pack_conv_of_the_wan_head_is_compiled_first(cpu_warmup, monkeypatch
     assert names[0] == "_implicit_gemm_conv_kernel", names
 
 
-@pytest.mark.parametrize("dtype, attention, warmed", [
-    (torch.bfloat16, "auto", True),  # a 2048² decode will take it
-    (torch.bfloat16, "chunked", False),  # never taken
-    (torch.float32, "auto", False),  # bf16 only
+@pytest.mark.parametrize("dtype, attention, auto_exp_scores, warmed", [
+    (torch.bfloat16, "exp_scores", False, True),  # every decode takes it
+    (torch.bfloat16, "auto", True, True),  # a 2048² decode will take it
+    (torch.bfloat16, "auto", False, False),  # the default: auto never takes it
+    (torch.bfloat16, "chunked", True, False),  # never taken
+    (torch.float32, "exp_scores", False, False),  # bf16 only
 ])
-def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(monkeypatch, dtype,
-                                                                     attention, warmed):
+def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(
+        monkeypatch, dtype, attention, auto_exp_scores, warmed):
     """The warm-up's tiny input takes SDPA, so the attention records the exp_scores kernel
     itself: a 2048² decode then finds it compiled."""
     from fast_vae_decode.fastpath.families.kl import settings as kl_settings
@@ -319,10 +321,11 @@ def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(monkeypatc
     from fast_vae_decode.kernels.exp_scores import _exp_scores_kernel
 
     monkeypatch.setattr(kl_settings.settings, "attention", attention)
+    monkeypatch.setattr(kl_settings.settings, "auto_exp_scores", auto_exp_scores)
     model = tiny_vae().to(dtype)
     install_fast_path(model)
     attention_module = model.decoder.mid_block.attentions[0]
     with recording_launches() as recorded, torch.inference_mode():
         attention_module.prewarm(torch.device("cpu"), dtype)
     assert any(r[0] is _exp_scores_kernel for r in recorded) == warmed
-    assert attention_module.prewarm_first() == (attention != "chunked")
+    assert attention_module.prewarm_first() == (warmed or dtype != torch.bfloat16)

@@ -44,7 +44,10 @@ class ExpScoresGuard:
         self._local.used = True
         flag = self._flags.get(device)
         if flag is None:
-            flag = self._flags[device] = torch.zeros((), dtype=torch.bool, device=device)
+            # A normal tensor even when first asked inside inference mode (ComfyUI's decodes
+            # and the warm-up): decodes outside it clear it in place too.
+            with torch.inference_mode(False):
+                flag = self._flags[device] = torch.zeros((), dtype=torch.bool, device=device)
         return flag
 
     @contextlib.contextmanager

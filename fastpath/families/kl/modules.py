@@ -143,7 +143,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         # 3.6 / 8.2% faster chunked than on SDPA's memory-efficient kernel (H200, 0.33 / 0.8,
         # docs/benchmark/3cdeced/interleave.md).
         tokens = q.shape[0] * q.shape[1]
-        mode = ("exp_scores" if tokens >= settings.exp_scores_min_tokens else
+        mode = ("exp_scores" if settings.auto_exp_scores
+                and tokens >= settings.exp_scores_min_tokens else
                 "chunked" if tokens >= settings.chunked_min_tokens else "sdpa")
     if mode == "sdpa":
         return attention_sdpa(q, k, v)
@@ -177,7 +178,8 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
         return self._parts()[0].num_channels
 
     def _warms_exp_scores(self, dtype: torch.dtype) -> bool:
-        return dtype == torch.bfloat16 and settings.attention in ("auto", "exp_scores")
+        return dtype == torch.bfloat16 and (settings.attention == "exp_scores" or (
+            settings.attention == "auto" and settings.auto_exp_scores))
 
     def prewarm_first(self) -> bool:
         # exp_scores is a tl.dot kernel: the longest compiles start first.

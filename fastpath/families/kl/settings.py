@@ -25,9 +25,15 @@ class KLSettings:
     # d=512), "exp_scores" (the score GEMM writes unnormalised probabilities, no softmax pass:
     # ``kernels.exp_scores``; bf16 only, else chunked) or "auto" (chunked from
     # ``chunked_min_tokens`` tokens in the batch up, where SDPA's memory-efficient kernel is
-    # slower, and exp_scores from ``exp_scores_min_tokens``; below 8192 neither matters).
+    # slower; below that size neither matters).
     attention: str = "auto"
     chunked_min_tokens: int = 8192
+    # "auto" takes exp_scores from ``exp_scores_min_tokens`` tokens (SDXL 2048²: 65536) only
+    # when this is set. Off: the kernel was written and tested under the interpreter in session
+    # 31, whose GPU loans all failed; it has run on no GPU yet. A GPU session measures it
+    # (``.gpu/s31/attn.py`` per call, ``--kl-setting attention=exp_scores`` per decode) and
+    # runs tests/kernels/test_exp_scores_gpu.py before turning it on.
+    auto_exp_scores: bool = False
     exp_scores_min_tokens: int = 32768
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
     attention_fp32_scores: bool = False
