@@ -8,15 +8,16 @@ pass (at 2048² the KL mid-block's scores are 65536 x 65536: torch's softmax mov
 times, 8 of an 86 ms SDXL decode on the H200).
 
 The reference ``ref`` replaces the row maximum a softmax subtracts. Any value works in exact
-arithmetic; in floating point it must keep the row's largest ``E`` inside bf16's normal range
-(fp32's: 2^-126 .. 2^127). The caller picks it and checks it: the row
-sums it gets back say whether the largest ``E`` fell below the range (``vae_attention``).
+arithmetic; in floating point it must keep the row's ``E`` inside bf16's range (fp32's:
+2^-126 .. 2^127) where it matters. The caller picks it and checks it with the row sums it gets
+back (``vae_attention.attention_exp_scores``).
 
 Math: fp32 accumulation of ``q k^T`` (bf16 tensor-core products), ``exp2`` of the scaled
 score, one rounding to the output dtype; the row sums add the rounded values in fp32, tile by
-tile, then the tiles in a fixed order (deterministic). Offsets are int64: a chunk of rows times
-65536 keys passes 2^31 elements. Under ``TRITON_INTERPRET=1`` the tiles are widened to fp32
-before ``tl.dot`` (the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
+tile, then the tiles in a fixed order (deterministic). Each tile's base offset is int64 (a
+chunk of rows times 65536 keys passes 2^31 elements); offsets inside a tile are int32
+(``MAX_KEYS``). Under ``TRITON_INTERPRET=1`` the tiles are widened to fp32 before ``tl.dot``
+(the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
 """
 from __future__ import annotations
 
@@ -40,10 +41,16 @@ class ExpScoresConfig(NamedTuple):
     num_stages: int
 
 
-# The one place to tune (H200 numbers in ``docs/benchmark``; the interpreter tests pass small
-# blocks of their own).
-EXP_SCORES_CONFIG = ExpScoresConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
+# The one place to tune; the interpreter tests pass small blocks of their own. Not measured on
+# a GPU yet. Chosen from sm90 compiles (Triton 3.8, ptxas -v): 128x128x64 at 8 warps uses 109
+# registers and 96 KiB of shared memory, so two programs fit an SM and one's exp-and-store
+# epilogue overlaps the other's MMAs; 128x256 needs 203 registers (one program per SM).
+# Neither spills; both pipeline their loads (cp.async, 3 stages) and store 16 bytes at a time.
+EXP_SCORES_CONFIG = ExpScoresConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                     num_stages=3)
+# Offsets inside a tile are int32 (fewer registers than an int64 per element): a tile's rows
+# span BLOCK_M * keys elements, under 2^31 for up to 256-row tiles.
+MAX_KEYS = (2 ** 31 - 1) // 256
 
 
 def exp_scores_reference(q: torch.Tensor, k: torch.Tensor,
@@ -70,6 +77,8 @@ def exp_scores_unsupported(q: torch.Tensor, k: torch.Tensor,
         return "empty"
     if q.stride(2) != 1 or k.stride(2) != 1:
         return "channels not contiguous"
+    if k.shape[1] > MAX_KEYS:
+        return f"{k.shape[1]} keys (at most {MAX_KEYS})"
     if k.device != q.device:
         return "q and k on different devices"
     if ref is not None and (ref.shape != q.shape[:2] or ref.dtype != torch.float32
@@ -106,7 +115,10 @@ def exp_scores(q: torch.Tensor, k: torch.Tensor, ref: torch.Tensor,
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["lq", "lk", "d", "sqb", "sqm", "skb", "skn"])
+    # Strides, channels and keys keep Triton's multiple-of-16 specialisation (their class is
+    # the same at every real size): without it the loads did not pipeline and E was stored two
+    # bytes at a time (sm90 PTX). The query count varies by chunk and is not specialised.
+    @triton.jit(do_not_specialize=["lq"])
     def _exp_scores_kernel(q_ptr, k_ptr, ref_ptr, e_ptr, part_ptr, lq, lk, d,
                            sqb, sqm, skb, skn,
                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -134,9 +146,11 @@ if triton is not None:
         # exp(x) = exp2(x * log2(e)): exp2 is the hardware's instruction.
         e = tl.exp2(acc * 1.4426950408889634 - (ref * 1.4426950408889634)[:, None])
         e = e.to(e_ptr.dtype.element_ty)
+        # int64 tile base, int32 offsets inside the tile (``MAX_KEYS``).
+        tile = e_ptr + (b * lq + pid_m * BLOCK_M) * lk + pid_n * BLOCK_N
+        inner = tl.arange(0, BLOCK_M)[:, None] * lk + tl.arange(0, BLOCK_N)[None, :]
         ok = row_ok[:, None] & col_ok[None, :]
-        out = e_ptr + (b * lq + rows.to(tl.int64))[:, None] * lk + cols[None, :]
-        tl.store(out, e, mask=ok)
+        tl.store(tile + inner, e, mask=ok)
         part = tl.sum(tl.where(ok, e.to(tl.float32), 0.0), axis=1)
         tiles = tl.num_programs(1)
         tl.store(part_ptr + (b * lq + rows.to(tl.int64)) * tiles + pid_n, part, mask=row_ok)

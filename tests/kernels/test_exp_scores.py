@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fast_vae_decode.kernels.exp_scores import (
+    MAX_KEYS,
     ExpScoresConfig,
     exp_scores,
     exp_scores_reference,
@@ -82,6 +83,8 @@ def test_a_reference_above_the_scores_keeps_the_relative_values():
     (lambda q, k, r: (q, k, r.double()), "ref"),
     (lambda q, k, r: (q.transpose(1, 2), k, r), "contiguous"),
     (lambda q, k, r: (q.requires_grad_(), k, r), "autograd"),
+    # int32 offsets inside a tile: a broadcast view stands for that many keys (no memory)
+    (lambda q, k, r: (q, k[:, :1].expand(2, MAX_KEYS + 1, 16), r), "keys"),
 ])
 def test_exp_scores_declines_what_it_cannot_take(make, needle):
     q, k = _qk(2, 16, 16, 16)

@@ -29,10 +29,10 @@ class KLSettings:
     attention: str = "auto"
     chunked_min_tokens: int = 8192
     # "auto" takes exp_scores from ``exp_scores_min_tokens`` tokens (SDXL 2048²: 65536) only
-    # when this is set. Off: the kernel was written and tested under the interpreter in session
-    # 31, whose GPU loans all failed; it has run on no GPU yet. A GPU session measures it
-    # (``.gpu/s31/attn.py`` per call, ``--kl-setting attention=exp_scores`` per decode) and
-    # runs tests/kernels/test_exp_scores_gpu.py before turning it on.
+    # when this is set. Off: the kernel was written in session 31 after its one GPU run, and
+    # has run only under the interpreter and in sm90 compiles (docs/benchmark/s31). A GPU
+    # session runs tests/kernels/test_exp_scores_gpu.py and measures it (``attn.py.txt``
+    # there per call; ``--kl-setting attention=exp_scores`` per decode, interleaved) first.
     auto_exp_scores: bool = False
     exp_scores_min_tokens: int = 32768
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
