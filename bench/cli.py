@@ -1,4 +1,4 @@
-"""Command line: ``python -m fast_vae_decode <demo|bench|convs|report|modes> [options]``;
+"""Command line: ``python -m fast_vae_decode <demo|bench|convs|attention|report|modes> [options]``;
 ``main(argv)`` for tests.
 
 A user mistake never ends in a traceback: what argparse itself rejects (an unknown option, a
@@ -127,6 +127,7 @@ def _add_decode_options(parser: argparse.ArgumentParser, cases_help: str, device
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .attention import ATTENTION_CASES, CANDIDATES, config_name
     from .cases import CASES, DEFAULT_CASES, TINY_CASES
     from .convs import CONV_CASES
     from .demo import DEFAULT_OUT
@@ -275,6 +276,23 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a ComfyUI tree, for cases whose convs are recorded from one fused "
                             "decode on ComfyUI's own model (LTX-2)")
     convs.set_defaults(parser=convs, run=_convs)
+
+    attention = sub.add_parser(
+        "attention", help="the KL mid-block attention per call: chunked softmax, SDPA and "
+                          "exp_scores (each tile config) at the cases' sizes",
+        description="Times the KL mid-block's single-head attention (bf16, 512 channels, the "
+                    "cases' latent pixels as tokens) on each path the fused decode can take, "
+                    "with each path's error against an fp32 attention on the first rows (CUDA; "
+                    "the CPU only under TRITON_INTERPRET, for tests).")
+    attention.add_argument("--cases", default=",".join(ATTENTION_CASES),
+                           help="comma-separated KL bench cases (default: %(default)s)")
+    attention.add_argument("--configs", default=",".join(config_name(c) for c in CANDIDATES),
+                           help="exp_scores tile configs, BMxBNxBKwWARPSsSTAGES, comma-separated "
+                                "(default: %(default)s; the first is the kernel's default)")
+    attention.add_argument("--repeats", type=_count(1), default=10, help="timed calls per path")
+    attention.add_argument("--device", default=None, help="cuda (default) or cuda:N")
+    attention.add_argument("--json", dest="json_path", default=None, help="write results here")
+    attention.set_defaults(parser=attention, run=_attention)
 
     report = sub.add_parser(
         "report", help="Markdown report + PNG plots from a bench JSON (needs matplotlib)",
@@ -428,6 +446,31 @@ def _report(args) -> int:
         raise UsageError(str(exc)) from None
     print(f"wrote {readme}")
     return 0
+
+
+def _attention(args) -> int:
+    from ..kernels.backend import interpreting
+    from . import attention
+    from .cases import select_cases
+    from .convs import environment
+
+    try:
+        cases = select_cases(args.cases)
+        for case in cases:
+            attention.tokens_of(case)
+        configs = [attention.parse_config(c) for c in args.configs.split(",") if c.strip()]
+    except ValueError as exc:
+        raise UsageError(f"--cases / --configs: {exc}") from None
+    _writable_place(args.json_path, "--json")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type != "cuda" and not (device.type == "cpu" and interpreting()):
+        raise UsageError("timing the attention needs a CUDA GPU (or TRITON_INTERPRET=1 on the "
+                         "CPU, for tests)")
+    results = attention.time_attention(cases, configs, repeats=args.repeats, device=device)
+    print(attention.attention_markdown(results))
+    if args.json_path:
+        attention.write_json(args.json_path, results, environment())
+    return 0 if all(r.error is None for r in results) else 1
 
 
 def _convs(args) -> int:
