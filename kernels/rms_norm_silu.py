@@ -407,8 +407,12 @@ if triton is not None:
     # constexprs: as runtime flags the pass ran 7-8% slower plain and 15-32% slower with an
     # input bias and an addend (H200, Wan 2.1 sizes, 96-384 channels, interleaved), which
     # costs more than their variants' compile time in a warm-up that compiles in parallel.
+    # ``tail_stride_n`` keeps its multiple-of-16 class (0 for batch 1, a dense stride of
+    # 16k-channel frames otherwise: the same class, no new variant): runtime, the tail frames
+    # were stored two bytes at a time and the kernel took 184 registers instead of 128 (sm90
+    # PTX of the Wan 2.1 widths, docs/benchmark/s31/compile-sm90-kernels.log; not yet timed).
     @triton.jit(do_not_specialize=["pixels", "height", "width", "has_tail", "tail_start",
-                                   "tail_stride_n", "stack_first", "stack_frames"])
+                                   "stack_first", "stack_frames"])
     def _rms_norm_silu_kernel(
         x_ptr,
         a0_ptr,  # addends: x's strides, read only when N_ADDENDS says so
