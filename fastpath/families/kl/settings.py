@@ -31,8 +31,9 @@ class KLSettings:
     # "auto" takes exp_scores from ``exp_scores_min_tokens`` tokens (SDXL 2048²: 65536) only
     # when this is set. Off: the kernel was written in session 31 after its one GPU run, and
     # has run only under the interpreter and in sm90 compiles (docs/benchmark/s31). A GPU
-    # session runs tests/kernels/test_exp_scores_gpu.py and measures it (``attn.py.txt``
-    # there per call; ``--kl-setting attention=exp_scores`` per decode, interleaved) first.
+    # session runs tests/kernels/test_exp_scores_gpu.py and measures it first (the bench's
+    # ``attention`` command per call; ``--kl-setting attention=exp_scores`` per decode,
+    # interleaved).
     auto_exp_scores: bool = False
     exp_scores_min_tokens: int = 32768
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
