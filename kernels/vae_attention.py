@@ -235,8 +235,8 @@ def exp_scores_attention_unsupported(q: torch.Tensor, k: torch.Tensor,
 
 def exp_scores_chunk_size(batch: int, q_len: int, k_len: int, budget_bytes: int = 1 << 30) -> int:
     """Query rows per chunk so one chunk's E (bf16) fits ``budget_bytes``: the one
-    score-sized tensor alive, where the softmax path holds two."""
-    return int(min(q_len, max(1, budget_bytes // max(1, batch * k_len * 2))))
+    score-sized tensor alive, where the softmax path's count holds two (so twice its budget)."""
+    return attention_chunk_size(batch, q_len, k_len, torch.bfloat16, 2 * budget_bytes)
 
 
 def attention_exp_scores(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
