@@ -408,7 +408,7 @@ def test_load_state_dict_into_an_installed_model():
     (1, 16384, "chunked"),  # one SDXL 1024² image
     (1, 65536, "exp_scores"),  # one SDXL 2048² image, with auto_exp_scores
     (2, 16384, "exp_scores"),  # two 1024² images, with auto_exp_scores
-    (1, 65536, "chunked"),  # without auto_exp_scores (the default until measured on a GPU)
+    (1, 65536, "chunked"),  # with auto_exp_scores turned off
 ])
 def test_auto_attention_counts_the_batch_tokens(monkeypatch, batch, tokens, expected):
     chosen = []

@@ -308,14 +308,15 @@ def test_the_pack_conv_of_the_wan_head_is_compiled_first(cpu_warmup, monkeypatch
 @pytest.mark.parametrize("dtype, attention, auto_exp_scores, warmed", [
     (torch.bfloat16, "exp_scores", False, True),  # every decode takes it
     (torch.bfloat16, "auto", True, True),  # a 2048² decode will take it
-    (torch.bfloat16, "auto", False, False),  # the default: auto never takes it
+    (torch.bfloat16, "auto", False, False),  # auto_exp_scores off: auto never takes it
     (torch.bfloat16, "chunked", True, False),  # never taken
     (torch.float32, "exp_scores", False, False),  # bf16 only
 ])
 def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(
         monkeypatch, dtype, attention, auto_exp_scores, warmed):
     """The warm-up's tiny input takes SDPA, so the attention records the exp_scores kernel
-    itself: a 2048² decode then finds it compiled."""
+    itself: a 2048² decode then finds it compiled. (No frame hint here: a warm-up outside a
+    decode records it wherever a decode may take it.)"""
     from fast_vae_decode.fastpath.families.kl import settings as kl_settings
     from fast_vae_decode.kernels.backend import recording_launches
     from fast_vae_decode.kernels.exp_scores import _exp_scores_kernel
@@ -329,3 +330,24 @@ def test_the_kl_attention_warms_exp_scores_where_a_decode_may_take_it(
         attention_module.prewarm(torch.device("cpu"), dtype)
     assert any(r[0] is _exp_scores_kernel for r in recorded) == warmed
     assert attention_module.prewarm_first() == (warmed or dtype != torch.bfloat16)
+
+
+@pytest.mark.parametrize("latent, warmed", [
+    ((256, 256), True),  # SDXL 2048²: 65536 tokens, auto takes exp_scores
+    ((128, 128), False),  # 1024²: below the threshold, no compile spent on it
+])
+def test_auto_warms_exp_scores_only_for_a_latent_at_the_threshold(monkeypatch, latent, warmed):
+    from fast_vae_decode.fastpath.families.kl import settings as kl_settings
+    from fast_vae_decode.kernels.backend import recording_launches
+    from fast_vae_decode.kernels.exp_scores import _exp_scores_kernel
+
+    monkeypatch.setattr(kl_settings.settings, "attention", "auto")
+    monkeypatch.setattr(kl_settings.settings, "auto_exp_scores", True)
+    monkeypatch.setattr(kl_settings.settings, "exp_scores_min_tokens", 65536)
+    model = tiny_vae().to(torch.bfloat16)
+    install_fast_path(model)
+    attention_module = model.decoder.mid_block.attentions[0]
+    monkeypatch.setattr(prewarm._FRAME, "size", latent, raising=False)
+    with recording_launches() as recorded, torch.inference_mode():
+        attention_module.prewarm(torch.device("cpu"), torch.bfloat16)
+    assert any(r[0] is _exp_scores_kernel for r in recorded) == warmed

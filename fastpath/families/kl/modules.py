@@ -35,6 +35,7 @@ from ....kernels.vae_attention import (
 from ...cache import cached
 from ...comfyui.weights import bias_of, is_stable, weight_of
 from ...fused import FusedModule
+from ...prewarm import frame_hint
 from ...reasons import input_reason
 from .exp_scores_guard import exp_scores_guard
 from .ops import (
@@ -178,8 +179,15 @@ class _FusedAttention(FusedModule, StockLayoutGuard):
         return self._parts()[0].num_channels
 
     def _warms_exp_scores(self, dtype: torch.dtype) -> bool:
-        return dtype == torch.bfloat16 and (settings.attention == "exp_scores" or (
-            settings.attention == "auto" and settings.auto_exp_scores))
+        if dtype != torch.bfloat16:
+            return False
+        if settings.attention == "exp_scores":
+            return True
+        # auto: only where the first decode's latent already reaches the threshold (a larger
+        # batch of smaller images compiles it in its first decode instead).
+        hint = frame_hint()
+        return (settings.attention == "auto" and settings.auto_exp_scores
+                and (hint is None or hint[0] * hint[1] >= settings.exp_scores_min_tokens))
 
     def prewarm_first(self) -> bool:
         # exp_scores is a tl.dot kernel: the longest compiles start first.
