@@ -16,7 +16,9 @@ Invariants:
   very tensors fetched before the capture (``data_ptr``), and no fold was built or dropped
   anywhere since (``cache.generation``); otherwise the decode runs eagerly and a later one
   captures again. A graph that reads nothing but the decoder's own copies may run before that
-  fetch (``_replay_ahead``); any other graph runs only after it.
+  fetch (``_replay_ahead``), and so may one reading ComfyUI's tensors in place while every one
+  of them is still the same live object at the same address; any other graph runs only after
+  the fetch.
 - Nothing is built inside a capture (a capture records launches, it runs nothing, so a fold
   built there would hold garbage): a key is captured only after an eager decode with the same
   key, weights and fold generation, and a capture that changed the generation is not used.
@@ -100,9 +102,9 @@ class _Captured:
     weights: tuple
     generation: int
     fused_calls: int  # fused calls inside the decoder one replay stands for
-    # Every weight the graph reads is a copy the decoder keeps (``_PlacedCopy``): nothing it
-    # reads is ComfyUI's, so it may run before the fetch that confirms it (``_replay_ahead``).
-    only_copies: bool = False
+    # The weights it reads where ComfyUI keeps them, not through a copy the decoder keeps
+    # (``_PlacedCopy``): ``_sources``, for the check before a replay ahead (``_still_held``).
+    in_place: tuple = ()
 
 
 @dataclass
@@ -116,7 +118,7 @@ class _Graphs:
     refused: set = field(default_factory=set)
     just_seen: tuple | None = None  # the key the last eager decode remembered (``settle``)
     copies: dict = field(default_factory=dict)  # id(module) -> _PlacedCopy
-    only_copies: bool = False  # the last ``_weights``: every module read through its copy
+    in_place: tuple = ()  # the last ``_weights``: ``_sources`` of the tensors read in place
     # What the last fast decode did: "replayed", "captured", or why it ran eagerly.
     last: str = "no decode yet"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -248,7 +250,8 @@ def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
         _use_copies(state, placed)
         read = [(m, state.copies[id(m)].tensors if id(m) in state.copies else tensors)
                 for m, tensors in read]
-    state.only_copies = bool(read) and all(id(m) in state.copies for m, _ in read)
+    state.in_place = _sources(tuple(t for m, tensors in read if id(m) not in state.copies
+                                    for t in tensors if t is not None))
     return tuple(None if t is None else t.data_ptr() for _, tensors in read for t in tensors), None
 
 
@@ -388,7 +391,7 @@ def _call(state: _Graphs, module, gate, x, run: Run, key: tuple):
         ahead = _replay_ahead(state, x, key)
         weights, why = _weights(state, module, x, copies)
         if ahead is not None:
-            hit, out = ahead
+            hit, out, _held = ahead  # ``_held``: alive until the check has decided
             if weights is not None and weights == hit.weights and hit.generation == generation():
                 return _replayed(state, gate, key, hit, out)
             del out  # its copies no longer hold ComfyUI's bits: decoded below as without it
@@ -448,25 +451,45 @@ replay_settings = ReplaySettings()
 
 
 def _replay_ahead(state: _Graphs, x: torch.Tensor, key: tuple):
-    """``(graph, its output)``, replayed before ``_weights`` fetches and checks the weights, or
-    None; the caller keeps the output only if the check finds the very weights the graph was
-    captured with (else it drops it and decodes as if this had not run).
+    """``(graph, its output, the tensors it read in place)``, replayed before ``_weights``
+    fetches and checks the weights, or None; the caller keeps the output only if the check
+    finds the very weights the graph was captured with (else it drops it and decodes as if this
+    had not run).
 
     Before a replay the host fetches every weight through ComfyUI (39 VRAM slots for the SDXL
     decoder under 0.33's dynamic VRAM) and checks it against the decoder's copies, while the
     GPU waits: 5.7-6.4 ms of a 26 ms SDXL 1024² decode on an H100 (0.33; 19 ms of it the
     graph, docs/benchmark/34207ac). Run ahead, that work overlaps the graph.
-    Only for a graph that reads nothing of ComfyUI's (``only_copies``): its copies, folds and
-    pool are the decoder's own and outlive any change ComfyUI makes, so a replay that turns out
-    stale reads memory that is still allocated, never memory ComfyUI freed (a graph of
-    Parameters read in place, as on 0.8, waits for the check). A copy the check replaces is
-    freed on the stream the replay runs on, so no later work reuses it before the replay ends.
+    A replay that turns out stale must still read only allocated memory, never memory ComfyUI
+    freed. A graph of copies has that by construction: its copies, folds and pool are the
+    decoder's own and outlive any change ComfyUI makes. A graph that reads ComfyUI's tensors
+    in place (0.8, or legacy loading: Parameters on the device) replays ahead
+    only while each of them is still the same live object at the same address
+    (``_still_held``), and those objects are held until the check has decided. Memory a replay
+    reads is freed, if at all, on the stream the replay runs on (a replaced copy, a weight
+    ComfyUI drops), so no later work reuses it before the replay ends.
     """
     hit = state.captured.get(key)
-    if (not replay_settings.ahead or hit is None or not hit.only_copies
-            or hit.generation != generation()):
+    if (not replay_settings.ahead or hit is None or hit.generation != generation()):
         return None
-    return hit, _replay(hit, x)
+    held = _still_held(hit.in_place)
+    if held is None:
+        return None
+    return hit, _replay(hit, x), held
+
+
+def _still_held(sources: tuple) -> tuple | None:
+    """The tensors ``sources`` (``_sources``) names, where every one is alive and still at its
+    address; else None. A live tensor keeps its storage, so that memory is allocated; and a
+    host and a device allocation never share an address (unified virtual addressing), so the
+    same address is the same device memory."""
+    held = []
+    for ref, ptr in sources:
+        t = ref()
+        if t is None or t.data_ptr() != ptr:
+            return None
+        held.append(t)
+    return tuple(held)
 
 
 def _replay(hit: _Captured, x: torch.Tensor):
@@ -551,7 +574,7 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
         return None
     graph.replay()
     _remember(state.captured, key, _Captured(graph, static_in, static_out, weights, gen,
-                                             stats.fused_calls - before[0], state.only_copies))
+                                             stats.fused_calls - before[0], state.in_place))
     state.seen.pop(key, None)
     state.last = "captured"
     return _copied(static_out)

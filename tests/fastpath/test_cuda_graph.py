@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import sys
 import types
+import weakref
 
 import pytest
 import torch
@@ -47,14 +48,28 @@ class _Pool:
         self.used = False
 
 
+def _weak(t):
+    return None if t is None else weakref.ref(t)
+
+
+def _strong(ref):
+    """The tensor ``ref`` names; None for no tensor, False for one that was freed."""
+    if ref is None:
+        return None
+    t = ref()
+    return False if t is None else t
+
+
 class _Replayer:
     def __init__(self, backend, run, static_in, static_out, pool):
         self.backend, self.run, self.static_in, self.static_out = backend, run, static_in, static_out
         self.pool = pool
         self.was_reset = False
         # A graph reads the tensors the capture read, whatever the decode's scope holds when it
-        # replays (a replay ahead of the weight check runs before they are fetched again).
-        self.read = {k: (m, f._replace(release=None))
+        # replays (a replay ahead of the weight check runs before they are fetched again). It
+        # holds no reference to them, as a real graph holds none: a replay after one of them was
+        # freed is a read of freed memory, which fails here.
+        self.read = {k: (weakref.ref(m), _weak(f.weight), _weak(f.bias), f.stable)
                      for scope in comfy_weights._stack() for k, (m, f) in scope._held.items()}
 
     def replay(self):
@@ -63,8 +78,12 @@ class _Replayer:
         self.backend.events.append("replay")
         # The real replay adds nothing to the decode's stats (graphed_call adds the capture's
         # count): run the stand-in under a gate state of its own.
+        read = {k: (m(), _strong(w), _strong(b), stable) for k, (m, w, b, stable) in self.read.items()}
+        assert all(m is not None and w is not False and b is not False
+                   for m, w, b, _ in read.values()), "a replay read freed memory"
         with gate_for(self.backend.model).opened(True), comfy_weights.weights_for_call() as scope:
-            scope._held.update(self.read)
+            scope._held.update({k: (m, comfy_weights._Fetched(w, b, stable, None))
+                                for k, (m, w, b, stable) in read.items()})
             _copy_into(self.static_out, self.run(self.static_in))
 
     def reset(self):
@@ -264,7 +283,9 @@ def test_weights_cast_per_call_decode_eagerly(model, standin, monkeypatch):
     for _ in range(3):
         _, _, fallbacks = _high(model, z)
         assert any("low-VRAM" in r for r in fallbacks)
-    assert (standin.captures, standin.replays) == (1, 1) and standin.graphs[0].was_reset
+    # The first decode after the switch replayed ahead (its Parameters still held where the
+    # graph reads them), and the check dropped that output and the graph.
+    assert (standin.captures, standin.replays) == (1, 2) and standin.graphs[0].was_reset
 
 
 def test_comfyui_disable_cuda_graphs_is_honoured(model, standin, monkeypatch):
@@ -537,14 +558,50 @@ def test_a_graph_of_copies_replays_before_its_weights_are_fetched(model, standin
     assert torch.equal(replayed, _eager(model, z))
 
 
-def test_a_graph_reading_comfyuis_own_tensors_waits_for_the_check(model, standin):
-    """Without copies (weights read in place, as on 0.8) a graph may read memory ComfyUI has
-    freed since: it replays only once the fetched weights are the ones it was captured with."""
+def _log_fetches(monkeypatch, events):
+    fetch = cuda_graph.call_tensors
+
+    def logged(module, x):
+        events.append("fetch")
+        return fetch(module, x)
+
+    monkeypatch.setattr(cuda_graph, "call_tensors", logged)
+
+
+def test_a_graph_reading_comfyuis_tensors_in_place_replays_before_they_are_fetched(
+        model, standin, monkeypatch):
+    """Weights read in place (0.8, legacy loading): while every tensor the graph reads is the
+    same live object at its address, the graph runs while the host fetches and checks them."""
     z = _latent()
     _high(model, z)
     _high(model, z)
-    conv = model.decoder.conv_in
+    _log_fetches(monkeypatch, standin.events)
+    del standin.events[:]
+    replayed, _, _ = _high(model, z)
+    assert cuda_graph.graph_status(model) == ["replayed"] and standin.events.count("replay") == 1
+    assert standin.events.index("replay") == 0  # before any of the fetch's lookups
+    assert standin.events.count("fetch") > 3
+    assert torch.equal(replayed, _eager(model, z))
+
+
+def _weight_replaced(conv):
     conv.weight = torch.nn.Parameter(conv.weight.detach().clone(), requires_grad=False)
+
+
+def _weight_moved(conv):
+    conv.weight.data = conv.weight.data.clone()  # the same object at a new address
+
+
+@pytest.mark.parametrize("change", [_weight_replaced, _weight_moved], ids=["replaced", "moved"])
+def test_a_graph_reading_comfyuis_own_tensors_waits_for_the_check_once_one_moved(model, standin,
+                                                                                change):
+    """A tensor read in place that was freed, or whose object now holds other memory: the graph
+    could read memory ComfyUI has freed, so it replays only after the check (which finds it
+    stale). The stand-in fails any replay that reads a freed tensor."""
+    z = _latent()
+    _high(model, z)
+    _high(model, z)
+    change(model.decoder.conv_in)
     out, _, _ = _high(model, z)
     assert standin.replays == 1  # the capture's own replay only: none ahead of the check
     assert cuda_graph.graph_status(model) != ["replayed"]  # decoded eagerly (stale graph gone)
