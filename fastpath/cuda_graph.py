@@ -118,7 +118,10 @@ class _Graphs:
     refused: set = field(default_factory=set)
     just_seen: tuple | None = None  # the key the last eager decode remembered (``settle``)
     copies: dict = field(default_factory=dict)  # id(module) -> _PlacedCopy
-    in_place: tuple = ()  # the last ``_weights``: ``_sources`` of the tensors read in place
+    # The tensors the current call's ``_weights`` found read in place, for a capture
+    # (``_capture`` keeps their ``_sources``); emptied when the call ends, so no weight
+    # ComfyUI drops is kept alive between decodes.
+    in_place: tuple = ()
     # What the last fast decode did: "replayed", "captured", or why it ran eagerly.
     last: str = "no decode yet"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -250,8 +253,8 @@ def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
         _use_copies(state, placed)
         read = [(m, state.copies[id(m)].tensors if id(m) in state.copies else tensors)
                 for m, tensors in read]
-    state.in_place = _sources(tuple(t for m, tensors in read if id(m) not in state.copies
-                                    for t in tensors if t is not None))
+    state.in_place = tuple(t for m, tensors in read if id(m) not in state.copies
+                           for t in tensors if t is not None)
     return tuple(None if t is None else t.data_ptr() for _, tensors in read for t in tensors), None
 
 
@@ -378,6 +381,7 @@ def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple,
         return _call(state, module, gate, x, run,
                      (tuple(x.shape), x.stride(), x.dtype, x.device) + key)
     finally:
+        state.in_place = ()
         state.lock.release()
 
 
@@ -575,7 +579,8 @@ def _capture(state: _Graphs, module, gate, x, run: Run, key, weights):
         return None
     graph.replay()
     _remember(state.captured, key, _Captured(graph, static_in, static_out, weights, gen,
-                                             stats.fused_calls - before[0], state.in_place))
+                                             stats.fused_calls - before[0],
+                                             _sources(state.in_place)))
     state.seen.pop(key, None)
     state.last = "captured"
     return _copied(static_out)
