@@ -58,6 +58,9 @@ STATS_PROGRAMS_PER_SM = 4
 # Apply: 72-80 registers at 4 warps, so 6 programs per SM are all resident (one wave); each
 # loads the per-channel scale/shift once and streams its tiles.
 APPLY_TILE_ELEMENTS = 4096
+# Stats: load the next tile while the current one is folded in (``stats_prefetch``).
+STATS_PREFETCH = False
+STATS_MAXNREG = None
 APPLY_PROGRAMS_PER_SM = 6
 FINALIZE_BLOCK_S = 512
 # The finalize pass's channel tile is at least this wide, so groups of up to 16 channels (every
@@ -124,6 +127,8 @@ class GroupNormSiLUConfig(NamedTuple):
     apply_warps: int
     finalize_block_s: int  # partials read per finalize step
     finalize_warps: int
+    stats_prefetch: bool = False  # pass 1 loads tile k + 1 before it uses tile k
+    stats_maxnreg: int | None = None  # pass 1's register cap per thread (None: ptxas decides)
 
 
 @functools.lru_cache(maxsize=None)
@@ -167,6 +172,8 @@ def group_norm_silu_config(
         apply_warps=apply_warps,
         finalize_block_s=FINALIZE_BLOCK_S,
         finalize_warps=4,
+        stats_prefetch=STATS_PREFETCH,
+        stats_maxnreg=STATS_MAXNREG,
     )
 
 
@@ -285,7 +292,8 @@ def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, 
             C=c, G=num_groups, CPG=c // num_groups, HAS_IN_BIAS=True,
             HAS_RES=residual is not None, WRITE_SUM=write_sum,
             BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=plan.block_g,
-            num_warps=config.stats_warps,
+            PREFETCH=bool(config.stats_prefetch), num_warps=config.stats_warps,
+            **({} if config.stats_maxnreg is None else {"maxnreg": config.stats_maxnreg}),
         )
 
 
@@ -375,11 +383,12 @@ def group_norm_silu(
 if triton is not None:
 
     @triton.jit
-    def _written_sum(x, x_ptrs, res_ptrs, mask, HAS_RES: tl.constexpr):
-        """Pass 1 under WRITE_SUM: the tile (input bias added) + the residual, stored in x's
-        dtype, and read back as stored (its statistics are of what the next pass reads)."""
+    def _written_sum(x, x_ptrs, res, mask, HAS_RES: tl.constexpr):
+        """Pass 1 under WRITE_SUM: the tile (input bias added) + the residual tile ``res`` (as
+        loaded), stored in x's dtype, and read back as stored (its statistics are of what the
+        next pass reads)."""
         if HAS_RES:
-            x += tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)
+            x += res.to(tl.float32)
         stored = x.to(x_ptrs.dtype.element_ty)
         tl.store(x_ptrs, stored, mask=mask)
         return stored.to(tl.float32)
@@ -390,6 +399,7 @@ if triton is not None:
         C: tl.constexpr, G: tl.constexpr, CPG: tl.constexpr, HAS_IN_BIAS: tl.constexpr,
         HAS_RES: tl.constexpr, WRITE_SUM: tl.constexpr,
         BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_G: tl.constexpr,
+        PREFETCH: tl.constexpr,
     ):
         # WRITE_SUM: x := round(x + in_bias (+ res)) stored in place, statistics of the stored
         # values (``add_bias_residual_group_stats_``); else statistics of x (+ in_bias), x kept.
@@ -416,20 +426,42 @@ if triton is not None:
         in_bias = tl.zeros([1, BLOCK_C], dtype=tl.float32)
         if HAS_IN_BIAS:
             in_bias += tl.load(in_bias_ptr + c, mask=c < C, other=0.0).to(tl.float32)[None, :]
+        rptr = res_ptr + base
+        if PREFETCH:
+            # Tile k + 1 is loaded before tile k is used: two tiles in flight per program, not
+            # one. With four programs per SM (all that fit the registers), one tile each left
+            # this latency-bound pass well under the bandwidth the apply pass reaches.
+            first_ok = c_ok & (nfull > 0)
+            x_next = tl.load(ptr + tile, mask=first_ok, other=0.0)
+            res_next = x_next
+            if HAS_RES:
+                res_next = tl.load(rptr + tile, mask=first_ok, other=0.0)
         for k in range(nfull):
-            if BLOCK_C == C:
-                x = tl.load(ptr + tile).to(tl.float32)
+            if PREFETCH:
+                x_raw = x_next
+                res = res_next
+                next_ok = c_ok & (k + 1 < nfull)
+                x_next = tl.load(ptr + BLOCK_P * C + tile, mask=next_ok, other=0.0)
+                if HAS_RES:
+                    res_next = tl.load(rptr + BLOCK_P * C + tile, mask=next_ok, other=0.0)
             else:
-                x = tl.load(ptr + tile, mask=c_ok, other=0.0).to(tl.float32)
+                if BLOCK_C == C:
+                    x_raw = tl.load(ptr + tile)
+                else:
+                    x_raw = tl.load(ptr + tile, mask=c_ok, other=0.0)
+                res = x_raw
+                if HAS_RES:
+                    res = tl.load(rptr + tile, mask=c_ok, other=0.0)
+            x = x_raw.to(tl.float32)
             if HAS_IN_BIAS:
                 x += in_bias
             if WRITE_SUM:
-                x = _written_sum(x, ptr + tile, res_ptr + (base + k * BLOCK_P * C) + tile, c_ok,
-                                 HAS_RES)
+                x = _written_sum(x, ptr + tile, res, c_ok, HAS_RES)
             delta = x - mean
             mean += delta * (1.0 / (k + 1.0))
             m2 += delta * (x - mean)
             ptr += BLOCK_P * C
+            rptr += BLOCK_P * C
         pix_ok = offs_p < rem
         if rem > 0:
             ok = pix_ok & c_ok
@@ -437,8 +469,10 @@ if triton is not None:
             if HAS_IN_BIAS:
                 x += in_bias
             if WRITE_SUM:
-                x = _written_sum(x, ptr + tile, res_ptr + (base + nfull * BLOCK_P * C) + tile, ok,
-                                 HAS_RES)
+                res = x
+                if HAS_RES:
+                    res = tl.load(rptr + tile, mask=ok, other=0.0)
+                x = _written_sum(x, ptr + tile, res, ok, HAS_RES)
             delta = x - mean
             mean += tl.where(ok, delta * (1.0 / (nfull + 1.0)), 0.0)
             m2 += tl.where(ok, delta * (x - mean), 0.0)

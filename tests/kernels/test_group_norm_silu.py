@@ -145,6 +145,26 @@ def test_residual_add_hands_its_statistics_to_the_norm(shape, dtype, config):
     _check(out, weight, bias, g, config=config)  # and both are the norm of the sum
 
 
+# Prefetch changes only when tiles are loaded: every shape above (whole tiles, a tail, HW under
+# one tile, so no full tile at all) must give the same bits, written sum and norm.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_statistics_prefetch_changes_no_bit(shape, dtype):
+    n, c, h, w, g = shape
+    weight, bias = _affine(c, dtype=dtype)
+    in_bias = (torch.randn(c, generator=torch.Generator().manual_seed(9)) * 2.0).to(dtype)
+    results = []
+    for config in (TINY, TINY._replace(stats_prefetch=True, stats_maxnreg=128)):
+        x = _input(n, c, h, w, dtype, seed=2)
+        norm = group_norm_silu(x, weight, bias, g, EPS, config=config, input_bias=in_bias)
+        residual = _input(n, c, h, w, dtype, mean=-2.0, seed=3)
+        stats = add_bias_residual_group_stats_(x, in_bias, residual, g, config=config)
+        handed = group_norm_silu(x, weight, bias, g, EPS, config=config, stats=stats)
+        results.append((norm, x, handed))
+    for off, on in zip(*results, strict=True):
+        assert torch.equal(off, on)
+
+
 @pytest.mark.parametrize("case", ["no residual", "no bias", "residual is out"])
 def test_residual_add_statistics_without_some_addend(case):
     """Either addend may be missing, and the residual may be ``out`` itself (each element is
@@ -374,10 +394,10 @@ _HOPPER_COMPILE = textwrap.dedent(
     SIGNATURE = {"x_ptr": "*bf16", "in_bias_ptr": "*bf16", "res_ptr": "*bf16", "mean_ptr": "*fp32",
                  "m2_ptr": "*fp32", "HW": "i32", "PIX_PER_PROGRAM": "i32", "SPLITS": "i32"}
 
-    def instructions(c, in_bias, res, write):
+    def instructions(c, in_bias, res, write, prefetch=False):
         consts = {"C": c, "G": 32, "CPG": c // 32, "HAS_IN_BIAS": in_bias, "HAS_RES": res,
                   "WRITE_SUM": write, "BLOCK_P": max(1, 4096 // triton.next_power_of_2(c)),
-                  "BLOCK_C": triton.next_power_of_2(c), "BLOCK_G": 32}
+                  "BLOCK_C": triton.next_power_of_2(c), "BLOCK_G": 32, "PREFETCH": prefetch}
         try:
             source = ASTSource(fn=k._group_norm_stats_kernel, constexprs=consts,
                                signature={**SIGNATURE, **{name: "constexpr" for name in consts}})
@@ -402,6 +422,11 @@ _HOPPER_COMPILE = textwrap.dedent(
             assert stores[0] < stores[1], (c, stores)
             loads = [count(code, "ld.global") for code in (written, with_residual)]
             assert loads[0] < loads[1], (c, loads)
+            # Prefetch: the next tile's loads are one more set of load instructions (the first
+            # tile's, before the loop), with and without a residual to read.
+            for res, write, code in ((False, False, plain), (True, True, with_residual)):
+                ahead = instructions(c, in_bias, res, write, prefetch=True)
+                assert count(ahead, "ld.global") > count(code, "ld.global"), (c, res)
     print("ok")
     """
 )
