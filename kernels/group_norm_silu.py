@@ -50,17 +50,25 @@ import torch.nn.functional as F
 from .accepts import Accepts, autograd_reason, channels_last_4d, pow2, same_layout
 from .backend import launch, on_device, tl, triton
 
-# Tuning knobs, chosen on paper for an H200 (ptxas for sm_90, bf16): a 4096-element stats tile
-# with 4 warps uses 96 registers per thread (two fp32 Welford accumulators per element), so 5
-# programs fit on an SM; 4 per SM then run in one wave, each sweeping a long contiguous run.
+# Tuning knobs for an H200 (bf16; registers as ptxas reports them for sm_90 at Triton 3.8): a
+# 4096-element stats tile with 4 warps takes 114-125 registers per thread (two fp32 Welford
+# accumulators per element), so 4 programs fit on an SM and run in one wave, each sweeping a
+# long contiguous run. The variant that also writes a residual sum takes 148-157: 3 fit.
 STATS_TILE_ELEMENTS = 4096
 STATS_PROGRAMS_PER_SM = 4
-# Apply: 72-80 registers at 4 warps, so 6 programs per SM are all resident (one wave); each
+# Stats: tile k + 1 is loaded before tile k is folded in (128 registers, still 4 programs per
+# SM). With one tile in flight per program the pass is latency-bound: on the norms of a KL
+# decoder (H200, docs/benchmark/s33, gnstats.py) it moved 2.21 / 2.64 / 3.40 TB/s at SDXL 1024²,
+# SD1.5 768x512 batch 4 and SDXL 2048², and 2.34 / 2.84 / 3.79 with the prefetch (-5.6%, -7.0%,
+# -10.3% of the pass). Same bits either way.
+STATS_PREFETCH = True
+# A register cap for pass 1 (None: ptxas decides). At 128 the residual variant fits 4 programs
+# per SM but spills (120-152 bytes): -0.5 to -1.4% alone, +34 to +53% with the prefetch (616
+# bytes of spills), on the same measurement. Kept as a switch, off.
+STATS_MAXNREG = None
+# Apply: 80 registers at 4 warps, so 6 programs per SM are all resident (one wave); each
 # loads the per-channel scale/shift once and streams its tiles.
 APPLY_TILE_ELEMENTS = 4096
-# Stats: load the next tile while the current one is folded in (``stats_prefetch``).
-STATS_PREFETCH = False
-STATS_MAXNREG = None
 APPLY_PROGRAMS_PER_SM = 6
 FINALIZE_BLOCK_S = 512
 # The finalize pass's channel tile is at least this wide, so groups of up to 16 channels (every
@@ -429,8 +437,7 @@ if triton is not None:
         rptr = res_ptr + base
         if PREFETCH:
             # Tile k + 1 is loaded before tile k is used: two tiles in flight per program, not
-            # one. With four programs per SM (all that fit the registers), one tile each left
-            # this latency-bound pass well under the bandwidth the apply pass reaches.
+            # one (STATS_PREFETCH's note has the measurement).
             first_ok = c_ok & (nfull > 0)
             x_next = tl.load(ptr + tile, mask=first_ok, other=0.0)
             res_next = x_next
