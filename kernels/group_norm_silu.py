@@ -50,23 +50,26 @@ import torch.nn.functional as F
 from .accepts import Accepts, autograd_reason, channels_last_4d, pow2, same_layout
 from .backend import launch, on_device, tl, triton
 
-# Tuning knobs for an H200 (bf16; registers as ptxas reports them for sm_90 at Triton 3.8): a
-# 4096-element stats tile with 4 warps takes 114-125 registers per thread (two fp32 Welford
-# accumulators per element), so 4 programs fit on an SM and run in one wave, each sweeping a
-# long contiguous run. The variant that also writes a residual sum takes 148-157: 3 fit.
+# Tuning knobs for an H200 (bf16; registers as the H200's Triton 3.6 compiled them for sm_90,
+# docs/benchmark/s33): a 4096-element stats tile with 4 warps takes 127-128 registers per
+# thread (two fp32 Welford accumulators per element), so 4 programs fit on an SM and run in one
+# wave, each sweeping a long contiguous run. The variant that also writes a residual sum takes
+# 157-164: 3 fit.
 STATS_TILE_ELEMENTS = 4096
 STATS_PROGRAMS_PER_SM = 4
-# Stats: tile k + 1 is loaded before tile k is folded in (128 registers, still 4 programs per
-# SM). With one tile in flight per program the pass is latency-bound: on the norms of a KL
-# decoder (H200, docs/benchmark/s33, gnstats.py) it moved 2.21 / 2.64 / 3.40 TB/s at SDXL 1024²,
-# SD1.5 768x512 batch 4 and SDXL 2048², and 2.34 / 2.84 / 3.79 with the prefetch (-5.6%, -7.0%,
-# -10.3% of the pass). Same bits either way.
+# Stats: tile k + 1 is loaded before tile k is folded in. With one tile in flight per program the
+# pass is latency-bound. Measured on the norms of a KL decoder (H200, docs/benchmark/s33,
+# gnstats.py), it moved 2.21 / 2.64 / 3.40 TB/s at SDXL 1024², SD1.5 768x512 batch 4 and
+# SDXL 2048², and 2.34 / 2.84 / 3.79 with the prefetch: -5.6%, -7.0% and -10.3% of the pass.
+# Same bits either way. The plain variant stays at 126-128 registers; the residual variant goes
+# to 237-238 (2 programs per SM, not 3). The measurement covers both together; prefetching in
+# the plain variant alone is not measured yet.
 STATS_PREFETCH = True
 # A register cap for pass 1 (None: ptxas decides). At 128 the residual variant fits 4 programs
-# per SM but spills (120-152 bytes): -0.5 to -1.4% alone, +34 to +53% with the prefetch (616
-# bytes of spills), on the same measurement. Kept as a switch, off.
+# per SM but spills (10-74 bytes). Alone: -0.5 to -1.4%. With the prefetch: +34 to +53%. Both
+# from the same measurement. Kept as a switch, off.
 STATS_MAXNREG = None
-# Apply: 80 registers at 4 warps, so 6 programs per SM are all resident (one wave); each
+# Apply: 80 registers at 4 warps (Triton 3.8, sm_90), so 6 programs per SM are all resident; each
 # loads the per-channel scale/shift once and streams its tiles.
 APPLY_TILE_ELEMENTS = 4096
 APPLY_PROGRAMS_PER_SM = 6
