@@ -73,6 +73,12 @@ STATS_MAXNREG = None
 # loads the per-channel scale/shift once and streams its tiles.
 APPLY_TILE_ELEMENTS = 4096
 APPLY_PROGRAMS_PER_SM = 6
+# Prepared, not yet measured, so off: the statistics prefetch in the plain variant only (the
+# residual variant then keeps 3 programs per SM), and the apply pass's own prefetch (96
+# registers at 4 warps, Triton 3.8, sm_90: 5 programs per SM).
+STATS_PREFETCH_RESIDUAL = True
+APPLY_PREFETCH = False
+APPLY_PREFETCH_PROGRAMS_PER_SM = 5
 FINALIZE_BLOCK_S = 512
 # The finalize pass's channel tile is at least this wide, so groups of up to 16 channels (every
 # KL VAE's 128-512 channels in 32 groups) share one compilation.
@@ -140,6 +146,8 @@ class GroupNormSiLUConfig(NamedTuple):
     finalize_warps: int
     stats_prefetch: bool = False  # pass 1 loads tile k + 1 before it uses tile k
     stats_maxnreg: int | None = None  # pass 1's register cap per thread (None: ptxas decides)
+    apply_prefetch: bool = False  # pass 3 loads tile t + 1 before it uses tile t
+    stats_prefetch_residual: bool = True  # stats_prefetch also where a residual is read
 
 
 @functools.lru_cache(maxsize=None)
@@ -179,12 +187,15 @@ def group_norm_silu_config(
         stats_programs=stats_programs,
         stats_warps=stats_warps,
         apply_block_p=apply_block_p,
-        apply_programs=max(1, (APPLY_PROGRAMS_PER_SM * sm_count) // max(1, n)),
+        apply_programs=max(1, ((APPLY_PREFETCH_PROGRAMS_PER_SM if APPLY_PREFETCH
+                                else APPLY_PROGRAMS_PER_SM) * sm_count) // max(1, n)),
         apply_warps=apply_warps,
         finalize_block_s=FINALIZE_BLOCK_S,
         finalize_warps=4,
         stats_prefetch=STATS_PREFETCH,
         stats_maxnreg=STATS_MAXNREG,
+        apply_prefetch=APPLY_PREFETCH,
+        stats_prefetch_residual=STATS_PREFETCH_RESIDUAL,
     )
 
 
@@ -303,7 +314,9 @@ def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, 
             C=c, G=num_groups, CPG=c // num_groups, HAS_IN_BIAS=True,
             HAS_RES=residual is not None, WRITE_SUM=write_sum,
             BLOCK_P=config.stats_block_p, BLOCK_C=pow2(c), BLOCK_G=plan.block_g,
-            PREFETCH=bool(config.stats_prefetch), num_warps=config.stats_warps,
+            PREFETCH=bool(config.stats_prefetch)
+            and (residual is None or bool(config.stats_prefetch_residual)),
+            num_warps=config.stats_warps,
             **({} if config.stats_maxnreg is None else {"maxnreg": config.stats_maxnreg}),
         )
 
@@ -382,7 +395,7 @@ def group_norm_silu(
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
             x, out, scale, shift, hw, apply_tiles_per_program, int(bool(silu)),
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c),
-            num_warps=config.apply_warps,
+            PREFETCH=bool(config.apply_prefetch), num_warps=config.apply_warps,
         )
     return out
 
@@ -572,7 +585,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu"])
     def _group_norm_apply_kernel(
         x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu,
-        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr,
+        C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n = tl.program_id(1)
@@ -583,12 +596,36 @@ if triton is not None:
         scale = tl.load(scale_ptr + n * C + c, mask=c_ok, other=0.0)
         shift = tl.load(shift_ptr + n * C + c, mask=c_ok, other=0.0)
         p0 = pid * TILES_PER_PROGRAM * BLOCK_P
-        offs = (n.to(tl.int64) * HW + p0) * C + p * C + c
-        for t in range(TILES_PER_PROGRAM):
-            mask = (p < HW - p0 - t * BLOCK_P) & c_ok
-            x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-            y = x * scale + shift
-            if silu != 0:
-                y = y * tl.sigmoid(y)
-            tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
-            offs += BLOCK_P * C
+        if PREFETCH:
+            # Tile t + 1 is loaded before tile t is used (``apply_prefetch``). The run's base is
+            # one int64 per program and the tile's offsets int32, so the second tile in flight
+            # costs fewer registers than a tile of int64 offsets would.
+            base = (n.to(tl.int64) * HW + p0) * C
+            xp = x_ptr + base
+            yp = y_ptr + base
+            tile = p * C + c
+            left = HW - p0
+            x_next = tl.load(xp + tile, mask=(p < left) & c_ok & (TILES_PER_PROGRAM > 0),
+                             other=0.0)
+            for t in range(TILES_PER_PROGRAM):
+                mask = (p < left - t * BLOCK_P) & c_ok
+                x = x_next.to(tl.float32)
+                x_next = tl.load(xp + BLOCK_P * C + tile,
+                                 mask=(p < left - (t + 1) * BLOCK_P) & c_ok
+                                 & (t + 1 < TILES_PER_PROGRAM), other=0.0)
+                y = x * scale + shift
+                if silu != 0:
+                    y = y * tl.sigmoid(y)
+                tl.store(yp + tile, y.to(y_ptr.dtype.element_ty), mask=mask)
+                xp += BLOCK_P * C
+                yp += BLOCK_P * C
+        else:
+            offs = (n.to(tl.int64) * HW + p0) * C + p * C + c
+            for t in range(TILES_PER_PROGRAM):
+                mask = (p < HW - p0 - t * BLOCK_P) & c_ok
+                x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+                y = x * scale + shift
+                if silu != 0:
+                    y = y * tl.sigmoid(y)
+                tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+                offs += BLOCK_P * C

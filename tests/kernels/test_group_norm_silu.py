@@ -146,15 +146,25 @@ def test_residual_add_hands_its_statistics_to_the_norm(shape, dtype, config):
 
 
 # Prefetch changes only when tiles are loaded: every shape above (whole tiles, a tail, HW under
-# one tile, so no full tile at all) must give the same bits, written sum and norm.
+# one tile, so no full tile at all) must give the same bits, written sum and norm, whichever
+# passes prefetch.
+PREFETCHING = {
+    "stats": dict(stats_prefetch=True, stats_maxnreg=128),
+    "stats, not with a residual": dict(stats_prefetch=True, stats_prefetch_residual=False),
+    "apply": dict(apply_prefetch=True),
+    "all": dict(stats_prefetch=True, apply_prefetch=True),
+}
+
+
+@pytest.mark.parametrize("prefetching", list(PREFETCHING))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
-def test_statistics_prefetch_changes_no_bit(shape, dtype):
+def test_prefetch_changes_no_bit(shape, dtype, prefetching):
     n, c, h, w, g = shape
     weight, bias = _affine(c, dtype=dtype)
     in_bias = (torch.randn(c, generator=torch.Generator().manual_seed(9)) * 2.0).to(dtype)
     results = []
-    for config in (TINY, TINY._replace(stats_prefetch=True, stats_maxnreg=128)):
+    for config in (TINY, TINY._replace(**PREFETCHING[prefetching])):
         x = _input(n, c, h, w, dtype, seed=2)
         norm = group_norm_silu(x, weight, bias, g, EPS, config=config, input_bias=in_bias)
         residual = _input(n, c, h, w, dtype, mean=-2.0, seed=3)
