@@ -57,14 +57,14 @@ from .backend import launch, on_device, tl, triton
 # 157-164: 3 fit.
 STATS_TILE_ELEMENTS = 4096
 STATS_PROGRAMS_PER_SM = 4
-# Stats: tile k + 1 is loaded before tile k is folded in. With one tile in flight per program the
+# Stats prefetch (PREFETCH below): tile k + 1 is loaded before tile k is folded in. With one tile in flight per program the
 # pass is latency-bound. Measured on the norms of a KL decoder (H200, docs/benchmark/s33,
 # gnstats.py), it moved 2.21 / 2.64 / 3.40 TB/s at SDXL 1024², SD1.5 768x512 batch 4 and
 # SDXL 2048², and 2.34 / 2.84 / 3.79 with the prefetch: -5.6%, -7.0% and -10.3% of the pass.
 # Same bits either way. The plain variant stays at 126-128 registers; the residual variant goes
 # to 237-238 (2 programs per SM, not 3). The measurement covers both together; prefetching in
 # the plain variant alone is not measured yet.
-STATS_PREFETCH = True
+PREFETCH = "stats"
 # A register cap for pass 1 (None: ptxas decides). At 128 the residual variant fits 4 programs
 # per SM but spills (10-74 bytes). Alone: -0.5 to -1.4%. With the prefetch: +34 to +53%. Both
 # from the same measurement. Kept as a switch, off.
@@ -73,12 +73,21 @@ STATS_MAXNREG = None
 # loads the per-channel scale/shift once and streams its tiles.
 APPLY_TILE_ELEMENTS = 4096
 APPLY_PROGRAMS_PER_SM = 6
-# Prepared, not yet measured, so off: the statistics prefetch in the plain variant only (the
-# residual variant then keeps 3 programs per SM), and the apply pass's own prefetch (96
-# registers at 4 warps, Triton 3.8, sm_90: 5 programs per SM).
-STATS_PREFETCH_RESIDUAL = True
-APPLY_PREFETCH = False
+# The apply pass's own prefetch takes 96 registers at 4 warps (Triton 3.8, sm_90): 5 fit.
 APPLY_PREFETCH_PROGRAMS_PER_SM = 5
+# Which passes load their next tile before they use the current one (``prefetch=``), by name:
+# the GroupNormSiLUConfig fields each mode sets. "stats" is the measured default (above);
+# "stats-plain" (the residual-writing variant keeps its 3 programs per SM) and the apply
+# pass's modes are prepared, not yet measured.
+PREFETCH_MODES: dict[str, dict[str, bool]] = {
+    "none": {},
+    "stats": {"stats_prefetch": True},
+    "stats-plain": {"stats_prefetch": True, "stats_prefetch_residual": False},
+    "apply": {"apply_prefetch": True},
+    "stats+apply": {"stats_prefetch": True, "apply_prefetch": True},
+    "stats-plain+apply": {"stats_prefetch": True, "stats_prefetch_residual": False,
+                          "apply_prefetch": True},
+}
 FINALIZE_BLOCK_S = 512
 # The finalize pass's channel tile is at least this wide, so groups of up to 16 channels (every
 # KL VAE's 128-512 channels in 32 groups) share one compilation.
@@ -166,9 +175,13 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=512)
 def group_norm_silu_config(
-    n: int, c: int, hw: int, num_groups: int, sm_count: int
+    n: int, c: int, hw: int, num_groups: int, sm_count: int, prefetch: str | None = None
 ) -> GroupNormSiLUConfig:
-    """The default launch parameters for an (n, c, h*w) problem on a GPU with ``sm_count`` SMs."""
+    """The default launch parameters for an (n, c, h*w) problem on a GPU with ``sm_count`` SMs;
+    ``prefetch``: a ``PREFETCH_MODES`` name (None: ``PREFETCH``)."""
+    mode = PREFETCH_MODES[PREFETCH if prefetch is None else prefetch]
+    apply_per_sm = APPLY_PREFETCH_PROGRAMS_PER_SM if mode.get("apply_prefetch") else \
+        APPLY_PROGRAMS_PER_SM
     stats_c = pow2(c)
     stats_block_p = max(1, STATS_TILE_ELEMENTS // stats_c)
     # Enough programs to fill the GPU at batch 1; more only add partials for pass 2 to combine.
@@ -187,15 +200,12 @@ def group_norm_silu_config(
         stats_programs=stats_programs,
         stats_warps=stats_warps,
         apply_block_p=apply_block_p,
-        apply_programs=max(1, ((APPLY_PREFETCH_PROGRAMS_PER_SM if APPLY_PREFETCH
-                                else APPLY_PROGRAMS_PER_SM) * sm_count) // max(1, n)),
+        apply_programs=max(1, (apply_per_sm * sm_count) // max(1, n)),
         apply_warps=apply_warps,
         finalize_block_s=FINALIZE_BLOCK_S,
         finalize_warps=4,
-        stats_prefetch=STATS_PREFETCH,
         stats_maxnreg=STATS_MAXNREG,
-        apply_prefetch=APPLY_PREFETCH,
-        stats_prefetch_residual=STATS_PREFETCH_RESIDUAL,
+        **mode,
     )
 
 
@@ -282,10 +292,12 @@ def add_bias_residual_group_stats_(
     num_groups: int,
     *,
     config: GroupNormSiLUConfig | None = None,
+    prefetch: str | None = None,
 ) -> GroupStats | None:
     """``out += bias (+ residual)`` in place, rounded once as ``bias_residual_add_`` does, and
     the group statistics of the result (the module's note); None, with ``out`` untouched, where
-    ``group_norm_silu_unsupported`` or the residual's layout says no."""
+    ``group_norm_silu_unsupported`` or the residual's layout says no. ``config`` and
+    ``prefetch`` as for ``group_norm_silu``, which must get the same to take the statistics."""
     if group_norm_silu_unsupported(out, None, None, num_groups, bias) is not None:
         return None
     if residual is not None and (not same_layout(residual, out) or residual.dtype != out.dtype
@@ -294,7 +306,7 @@ def add_bias_residual_group_stats_(
         return None
     n, c, h, w = out.shape
     if config is None:
-        config = group_norm_silu_config(n, c, h * w, num_groups, _sm_count(out.device))
+        config = group_norm_silu_config(n, c, h * w, num_groups, _sm_count(out.device), prefetch)
     plan = _launch_plan(n, c, h * w, num_groups, config)
     ws = torch.empty(2 * plan.parts, device=out.device, dtype=torch.float32)
     part_mean, part_m2 = ws[:plan.parts], ws[plan.parts:]
@@ -332,6 +344,7 @@ def group_norm_silu(
     input_bias: torch.Tensor | None = None,
     config: GroupNormSiLUConfig | None = None,
     stats: GroupStats | None = None,
+    prefetch: str | None = None,
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
     module's note); a new channels-last tensor of x.dtype.
@@ -340,7 +353,8 @@ def group_norm_silu(
     writing x; used where they were taken for this problem and launch plan, else pass 1 runs.
     The caller vouches that x has not changed since. Returns None when
     ``group_norm_silu_unsupported`` gives a reason: the caller falls back to the stock module.
-    ``config`` overrides the heuristic.
+    ``config`` overrides the heuristic; ``prefetch`` names the heuristic's ``PREFETCH_MODES``
+    entry (None: ``PREFETCH``).
     """
     if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
         return None
@@ -348,7 +362,7 @@ def group_norm_silu(
     hw = h * w
     cpg = c // num_groups
     if config is None:
-        config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device))
+        config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device), prefetch)
     plan = _launch_plan(n, c, hw, num_groups, config)
     splits, pix_per_program = plan.splits, plan.pix_per_program
     apply_tiles_per_program = plan.apply_tiles_per_program

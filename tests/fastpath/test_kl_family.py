@@ -175,6 +175,37 @@ def test_residual_norm_stats_skip_statistics_passes_and_change_no_bit(tiny, monk
     assert own_passes[False] - own_passes[True] == used
 
 
+@pytest.mark.parametrize("mode", ["none", "stats-plain+apply"])
+def test_group_norm_prefetch_setting_reaches_every_norm_and_changes_no_bit(tiny, monkeypatch,
+                                                                           mode):
+    """``group_norm_prefetch``: every statistics pass and every apply pass of the decode is
+    launched with that mode's prefetch flags (the residual-writing passes included, against the
+    default's), and the decode's bits are the default's."""
+    from fast_vae_decode.kernels import group_norm_silu as gns
+
+    model, _, z, _, _ = tiny
+    default, _ = _decode(model, z, is_open=True)
+    real_launch, seen = gns.launch, []
+    monkeypatch.setattr(gns, "launch", lambda kernel, grid, *a, **k: (
+        seen.append((kernel, k.get("WRITE_SUM"), k.get("PREFETCH"))),
+        real_launch(kernel, grid, *a, **k))[1])
+    monkeypatch.setattr(kl_settings.settings, "group_norm_prefetch", mode)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and torch.equal(out, default)
+    flags = gns.PREFETCH_MODES[mode]
+    wanted = {
+        (gns._group_norm_stats_kernel, False): flags.get("stats_prefetch", False),
+        (gns._group_norm_stats_kernel, True): flags.get("stats_prefetch", False)
+        and flags.get("stats_prefetch_residual", True),
+        (gns._group_norm_apply_kernel, None): flags.get("apply_prefetch", False),
+    }
+    got = {}
+    for kernel, write_sum, prefetch in seen:
+        if (kernel, write_sum) in wanted:
+            got.setdefault((kernel, write_sum), set()).add(prefetch)
+    assert got == {key: {value} for key, value in wanted.items()}
+
+
 def test_default_decode_hands_residual_statistics_on(tiny, monkeypatch):
     """The default (chosen on the GPU, settings.py says by how much) skips the statistics pass
     of every norm that follows a resnet block's closing add."""

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 
 from fast_vae_decode.kernels.bias_residual_add import bias_residual_add_
 from fast_vae_decode.kernels.group_norm_silu import (
+    PREFETCH,
+    PREFETCH_MODES,
     GroupNormSiLUConfig,
     add_bias_residual_group_stats_,
     group_norm_silu,
@@ -146,14 +148,10 @@ def test_residual_add_hands_its_statistics_to_the_norm(shape, dtype, config):
 
 
 # Prefetch changes only when tiles are loaded: every shape above (whole tiles, a tail, HW under
-# one tile, so no full tile at all) must give the same bits, written sum and norm, whichever
-# passes prefetch.
-PREFETCHING = {
-    "stats": dict(stats_prefetch=True, stats_maxnreg=128),
-    "stats, not with a residual": dict(stats_prefetch=True, stats_prefetch_residual=False),
-    "apply": dict(apply_prefetch=True),
-    "all": dict(stats_prefetch=True, apply_prefetch=True),
-}
+# one tile, so no full tile at all) must give the same bits, written sum and norm, in every
+# mode (and with the register cap that spills).
+PREFETCHING = {**{mode: fields for mode, fields in PREFETCH_MODES.items() if mode != "none"},
+               "stats, register cap": dict(stats_prefetch=True, stats_maxnreg=128)}
 
 
 @pytest.mark.parametrize("prefetching", list(PREFETCHING))
@@ -173,6 +171,22 @@ def test_prefetch_changes_no_bit(shape, dtype, prefetching):
         results.append((norm, x, handed))
     for off, on in zip(*results, strict=True):
         assert torch.equal(off, on)
+
+
+def test_prefetch_modes_set_the_heuristic_config():
+    """A mode names the config fields it sets; apply prefetch leaves room for its registers
+    (5 programs per SM, not 6); None is the module's default; an unknown name is refused."""
+    from fast_vae_decode.kernels.group_norm_silu import group_norm_silu_config
+
+    none = group_norm_silu_config(1, 512, 128 * 128, 32, 132, "none")
+    assert not none.stats_prefetch and not none.apply_prefetch and none.apply_programs == 6 * 132
+    both = group_norm_silu_config(1, 512, 128 * 128, 32, 132, "stats-plain+apply")
+    assert both.stats_prefetch and not both.stats_prefetch_residual and both.apply_prefetch
+    assert both.apply_programs == 5 * 132
+    assert group_norm_silu_config(1, 512, 128 * 128, 32, 132) == \
+        group_norm_silu_config(1, 512, 128 * 128, 32, 132, PREFETCH)
+    with pytest.raises(KeyError):
+        group_norm_silu_config(1, 512, 128 * 128, 32, 132, "everything")
 
 
 @pytest.mark.parametrize("case", ["no residual", "no bias", "residual is out"])

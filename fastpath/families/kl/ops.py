@@ -201,7 +201,8 @@ def add_bias_residual_(out: torch.Tensor, bias: torch.Tensor | None,
     and the kernel takes the tensors."""
     if stats_groups is not None and settings.residual_norm_stats and (bias is not None
                                                                       or residual is not None):
-        stats = add_bias_residual_group_stats_(out, bias, residual, stats_groups)
+        stats = add_bias_residual_group_stats_(out, bias, residual, stats_groups,
+                                               prefetch=settings.group_norm_prefetch)
         if stats is not None:
             hand_off_stats(out, stats)
             return out
@@ -250,7 +251,8 @@ class FusedGroupNormSiLU(FusedModule):
         weight, bias = weight_of(self), bias_of(self)
         stats = take_handed_stats(x)
         y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu,
-                            input_bias=input_bias, stats=stats)
+                            input_bias=input_bias, stats=stats,
+                            prefetch=settings.group_norm_prefetch)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
                 group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)))

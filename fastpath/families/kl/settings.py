@@ -12,6 +12,9 @@ from typing import Iterator
 
 import torch
 
+from ....kernels.group_norm_silu import PREFETCH as GROUP_NORM_PREFETCH
+from ....kernels.group_norm_silu import PREFETCH_MODES as GROUP_NORM_PREFETCH_MODES
+
 
 @dataclass
 class KLSettings:
@@ -82,6 +85,11 @@ class KLSettings:
     # (``fastpath.cuda_graph``: one launch instead of ~600, so the GPU does not wait on the
     # host between kernels at the small stages).
     cuda_graphs: bool = True
+    # Which GroupNorm passes load their next tile before they use the current one, by
+    # ``group_norm_silu``'s PREFETCH_MODES name; its default (measured there) unless set. A
+    # setting so that decodes can be interleaved against another mode (``interleave --variant
+    # NAME='--kl-setting group_norm_prefetch=MODE'``): a CUDA graph is keyed on it.
+    group_norm_prefetch: str = GROUP_NORM_PREFETCH
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
     # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under
@@ -94,7 +102,8 @@ settings = KLSettings()
 # The values each text field takes; the bench's ``--kl-setting NAME=VALUE`` rejects others.
 ATTENTION_MODES = ("auto", "chunked", "sdpa", "exp_scores")
 UPSAMPLE_MODES = ("transposed", "subpixel", "stock")
-CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES, "upsample": UPSAMPLE_MODES}
+CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES, "upsample": UPSAMPLE_MODES,
+                                       "group_norm_prefetch": tuple(GROUP_NORM_PREFETCH_MODES)}
 
 
 @contextlib.contextmanager
