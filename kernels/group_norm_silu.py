@@ -57,8 +57,9 @@ from .backend import launch, on_device, tl, triton
 # 157-164: 3 fit.
 STATS_TILE_ELEMENTS = 4096
 STATS_PROGRAMS_PER_SM = 4
-# Stats prefetch (PREFETCH below): tile k + 1 is loaded before tile k is folded in. With one tile in flight per program the
-# pass is latency-bound. Measured on the norms of a KL decoder (H200, docs/benchmark/s33,
+# The default prefetch mode (PREFETCH_MODES below), "stats": pass 1 loads tile k + 1 before it
+# folds in tile k. With one tile in flight per program that pass is latency-bound. Measured
+# alone on the norms of a KL decoder (H200, docs/benchmark/s33,
 # gnstats.py), it moved 2.21 / 2.64 / 3.40 TB/s at SDXL 1024², SD1.5 768x512 batch 4 and
 # SDXL 2048², and 2.34 / 2.84 / 3.79 with the prefetch: -5.6%, -7.0% and -10.3% of the pass.
 # Same bits either way. The plain variant stays at 126-128 registers; the residual variant goes
@@ -467,7 +468,7 @@ if triton is not None:
         rptr = res_ptr + base
         if PREFETCH:
             # Tile k + 1 is loaded before tile k is used: two tiles in flight per program, not
-            # one (STATS_PREFETCH's note has the measurement).
+            # one (the note above PREFETCH has the measurement).
             first_ok = c_ok & (nfull > 0)
             x_next = tl.load(ptr + tile, mask=first_ok, other=0.0)
             res_next = x_next
