@@ -424,25 +424,50 @@ def test_block_failing_halfway_leaves_the_frame_cache_to_the_stock_path(monkeypa
 
 # Frames: 5 uses all three taps; 2 and 1 are a decode's first chunks, whose missing front frames
 # are implicit zeros (only the taps that meet real frames run).
+@pytest.mark.parametrize("three", [False, True], ids=["two-parts", "three-parts"])
 @pytest.mark.parametrize("frames", [5, 2, 1])
-def test_conv3d_as_2d_taps_equals_conv3d(frames):
+def test_conv3d_as_2d_taps_equals_conv3d(frames, three, monkeypatch):
     """The per-temporal-tap form used for narrow convs on the GPU, checked here on the CPU."""
     from fast_vae_decode.fastpath.families.wan.ops import tap_parts
     from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
 
+    monkeypatch.setattr(wan_ops.settings, "three_tap_parts", three)
     gen = torch.Generator().manual_seed(4)
     conv = torch.nn.Conv3d(6, 5, 3)
     x = torch.randn(1, 6, frames, 7, 9, generator=gen).contiguous(memory_format=CL3D)
     with torch.no_grad():
         parts = tap_parts(conv, x, 1, 1)
         assert all(p.is_contiguous(memory_format=CL3D) for p in parts)  # what the kernels take
-        # Peak memory: never more than two full-size partial outputs alive at once.
-        assert len(parts) == min(2, frames)
+        # Peak memory: two full-size partial outputs alive at once unless the setting allows
+        # three (one per tap that meets a real frame).
+        assert len(parts) == min(3 if three else 2, frames)
         got = sum_parts(parts, conv.bias)
         padded = torch.nn.functional.pad(x, (0, 0, 0, 0, max(0, 3 - frames), 0))
         expected = torch.nn.functional.conv3d(padded, conv.weight, conv.bias, padding=(0, 1, 1))
     # fp32: partial sums added instead of one accumulation (~1e-7 relative).
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
+def test_three_tap_parts_reach_the_norm_as_two_addends(models, kind, shape, monkeypatch):
+    """``three_tap_parts`` with the 2-D taps forced on the CPU: the norms after the tap convs
+    fold all three tap outputs (two addends, where two parts gave them one), and the decode
+    stays the stock sums up to the taps' roundings."""
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
+        inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)))
+    widest, real = {False: 0, True: 0}, wan_ops.rms_norm_silu
+
+    def norm(*args, addends=(), **kwargs):
+        on = wan_ops.settings.three_tap_parts
+        widest[on] = max(widest[on], len(addends))
+        return real(*args, addends=addends, **kwargs)
+
+    monkeypatch.setattr(wan_ops, "rms_norm_silu", norm)
+    results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
+                                                  "three_tap_parts", "tap_parts")
+    assert counts[False] > 0 and widest == {False: 1, True: 2}
+    torch.testing.assert_close(results[True], results[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_split_tap_parts_are_the_assembled_inputs_tap_parts():

@@ -110,6 +110,36 @@ def test_split_tap_parts_at_480p_on_gpu():
 
 
 @pytest.mark.cuda
+def test_three_tap_parts_at_480p_on_gpu(monkeypatch):
+    """Wan 2.1's full-resolution 96-channel conv (bf16, cuDNN) over an assembled input of six
+    frames (ComfyUI 0.8's steady chunk) with ``three_tap_parts``: three parts, and their sum in
+    fp32 (as the norm and the residual add fold them) at least as close to an fp32 conv as the
+    two-part route's, whose first part was rounded to bf16 once more."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
+    from fast_vae_decode.fastpath.video_ops import CL3D
+
+    torch.manual_seed(0)
+    conv = WanCausalConv3d(96, 96, 3, padding=1).to("cuda", torch.bfloat16)
+    x = torch.randn(1, 96, 6, 480, 832, device="cuda", dtype=torch.bfloat16).contiguous(
+        memory_format=CL3D)
+    errors = {}
+    with torch.no_grad():
+        exact = torch.nn.functional.conv3d(x.float(), conv.weight.float(), conv.bias.float(),
+                                           padding=(0, 1, 1))
+        for three in (False, True):
+            monkeypatch.setattr(wan_ops.settings, "three_tap_parts", three)
+            parts = wan_ops.tap_parts(conv, x, 1, 1)
+            assert len(parts) == (3 if three else 2)
+            assert all(p.is_contiguous(memory_format=CL3D) for p in parts)
+            total = sum(p.float() for p in parts) + conv.bias.float().reshape(1, -1, 1, 1, 1)
+            errors[three] = (total - exact).abs().max().item()
+            del parts, total
+    assert errors[True] <= errors[False] * 1.01 + 1e-4
+
+
+@pytest.mark.cuda
 def test_first_chunk_convs_as_2d_on_gpu(monkeypatch):
     """A first chunk's single uncached frame on the GPU (Qwen-Image's 384 channels at 128²):
     routed to ``last_tap_part`` with the setting on and not with it off; its conv2d and the

@@ -34,6 +34,16 @@ class WanSettings:
     # no copy of the cached frames into an assembled input, and the new frames are the next
     # cache. Off: every conv assembles its input (``causal_input``), as before.
     split_cached_frames: bool = True
+    # A 2-D-taps conv (``ops.tap_parts``: Wan 2.1's 96 channels at full resolution, on an
+    # assembled input) hands all three tap outputs to the pass that reads it next (the norm or
+    # the residual add takes up to two addends), instead of summing taps 0 and 1 with a torch
+    # add: two passes over a conv output fewer, one more of them alive at once. ComfyUI 0.8's
+    # steady four-frame chunks take this route; 0.33's two-frame pieces mostly read their cached
+    # frames in place (``split_tap_parts``, unchanged). The tap adds of both routes were 14.3 ms
+    # (195 launches) of an H100 Wan 2.1 x33 decode on 0.33 (docs/benchmark/34207ac). The sums
+    # change by one rounding fewer (the three taps meet in fp32). Off until measured end to
+    # end: the extra output (293 MiB at 480x832x4) must keep the peak under stock's.
+    three_tap_parts: bool = False
     # A first chunk's 3x3x3 convs of 192-384 channels (one uncached frame of at least 128²:
     # only the last temporal tap applies) as ``conv2d`` over the frame instead of a (1, 3, 3)
     # ``conv3d`` (``ops.last_tap_part``; per-conv numbers at ``ops.SINGLE_TAP_2D_MAX_CHANNELS``).
