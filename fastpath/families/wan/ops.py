@@ -315,8 +315,8 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
     """A batch-1 3x3x3 conv (no bias) as per-tap 2-D convs: ``inp[0]`` permuted to
     (T, C, H, W) is a channels-last batch of frames (a view), so each temporal tap is a 2-D
     conv over a frame slice of the same memory; each output is again a (1, C, T', H, W)
-    channels-last-3d view. Up to two parts are returned (the first two taps summed), three
-    where ``settings.three_tap_parts`` is set."""
+    channels-last-3d view. One part per tap that meets a real frame (``three_tap_parts``), or
+    at most two with that setting off (the first two taps summed)."""
     frames = _frames(inp)
     first = max(0, 3 - frames.shape[0])  # taps before it meet only the implicit zero frames
     out_t = frames.shape[0] - 2 + first
@@ -326,9 +326,9 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
         parts.append(F.conv2d(frames[k - first:k - first + out_t], taps[k], None,
                               padding=(pad_h, pad_w)))
         if len(parts) == 2 and k < 2 and not settings.three_tap_parts:
-            # At most two tap outputs alive by default: three put the fast path's peak memory
-            # one full-resolution activation above stock's (measured +146 MiB, Wan 2.1 480p,
-            # before later sessions lowered the fast path's peak; ``three_tap_parts`` re-asks).
+            # Two tap outputs alive where ``three_tap_parts`` is off. Three once put the fast
+            # path's peak one full-resolution activation above stock's (+146 MiB, Wan 2.1
+            # 480p); later sessions lowered the fast path's peak, and now three fit under it.
             # With the blocks reading their cached frames in place (``split_tap_parts``) a
             # third part, the middle tap written by cuDNN's out= form, fitted (2949 MiB against
             # stock's 3095 on 0.33) but gained 0.6% on Wan 2.1 x33, inside the spread of ten

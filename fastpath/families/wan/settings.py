@@ -41,9 +41,12 @@ class WanSettings:
     # steady four-frame chunks take this route; 0.33's two-frame pieces mostly read their cached
     # frames in place (``split_tap_parts``, unchanged). The tap adds of both routes were 14.3 ms
     # (195 launches) of an H100 Wan 2.1 x33 decode on 0.33 (docs/benchmark/34207ac). The sums
-    # change by one rounding fewer (the three taps meet in fp32). Off until measured end to
-    # end: the extra output (293 MiB at 480x832x4) must keep the peak under stock's.
-    three_tap_parts: bool = False
+    # change by one rounding fewer (the three taps meet in fp32). Interleaved against two parts
+    # (H100, 8 rounds, docs/benchmark/s34 section 2): Wan 2.1 x33 / x81 -1.5 / -2.9% on 0.8,
+    # -0.5 / +0.1% on 0.33; peak still under stock's on both (0.8 x33: 3760 against 3936 MiB;
+    # 0.33 x33: 2949 against 3095), PSNR against fp32 48.7 / 47.7 dB (stock 46.8 / 46.1).
+    # Off: the torch add, as before.
+    three_tap_parts: bool = True
     # A first chunk's 3x3x3 convs of 192-384 channels (one uncached frame of at least 128²:
     # only the last temporal tap applies) as ``conv2d`` over the frame instead of a (1, 3, 3)
     # ``conv3d`` (``ops.last_tap_part``; per-conv numbers at ``ops.SINGLE_TAP_2D_MAX_CHANNELS``).
