@@ -10,6 +10,7 @@ tests/comfyui/test_pixel_decode_comfyui_gpu.py.)
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -68,6 +69,39 @@ def test_frame_stream_finishes_frames_in_order_on_the_cpu(monkeypatch):
         stream.take(final[:, :, start:stop].clone(), start)
     assert stream.complete(stream.result())
     assert torch.equal(dest, _reference(final))
+
+
+def test_frame_streams_of_one_ring_copy_on_one_side_stream(monkeypatch):
+    # The caching allocator keeps freed blocks per stream: a new side stream per decode put
+    # every decode's finished slices in new segments. Three decodes through one ring: one
+    # stream, made once. (No CUDA here: the ring and the copy thread are stand-ins.)
+    made, used = [], []
+
+    class Stream:
+        def __init__(self, device=None):
+            made.append(device)
+
+    class CopyThread:
+        def __init__(self, copier, device=None):
+            used.append(copier.stream)
+
+        def flush(self):
+            pass
+
+    ring = pixel_finish._Staging.__new__(pixel_finish._Staging)  # pinned buffers need CUDA
+    ring.buffers, ring.lock, ring.stream = [torch.empty(8)] * pixel_finish.RING, threading.Lock(), None
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(pixel_finish, "_staging", lambda device, elements: ring)
+    monkeypatch.setattr(pixel_finish, "_CopyThread", CopyThread)
+    for _ in range(3):
+        dest = torch.empty(1, 2, 4, 4, 3)
+        stream = _stream_into(dest)
+        stream.dest = dest
+        stream._open(torch.device("cuda", 0))
+        assert stream._copier is not None
+        stream.close()
+    assert made == [torch.device("cuda", 0)]
+    assert len(used) == 3 and all(s is used[0] for s in used)
 
 
 @pytest.mark.parametrize("case", ["skipped frames", "another shape", "past the end"])

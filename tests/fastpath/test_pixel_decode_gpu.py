@@ -54,15 +54,21 @@ def test_staging_follows_the_limit_and_passes_oversized_rows_directly(monkeypatc
     assert torch.equal(dest, _reference(out))
 
 
+def _frames_on_a_fresh_ring(monkeypatch, frames: int):
+    """(decoded 96x160 frames on the GPU, a NaN host destination), with a new staging ring
+    whose buffers hold one frame each."""
+    monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 3 * 96 * 160 * 4)
+    monkeypatch.setattr(pixel_finish, "_STAGING", {})
+    final = _decoded((1, 3, frames, 96, 160), device="cuda")
+    return final, torch.full((1, frames, 96, 160, 3), float("nan"))
+
+
 @pytest.mark.cuda
 def test_frame_stream_on_the_gpu_overlaps_and_stays_exact(monkeypatch):
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA GPU (tier 3)")
     # One frame per piece and 4-frame chunks: the 4-buffer ring is reused within every chunk.
-    monkeypatch.setattr(pixel_finish, "STAGE_BYTES", 3 * 96 * 160 * 4)
-    monkeypatch.setattr(pixel_finish, "_STAGING", {})
-    final = _decoded((1, 3, 33, 96, 160), device="cuda")
-    dest = torch.full((1, 33, 96, 160, 3), float("nan"))
+    final, dest = _frames_on_a_fresh_ring(monkeypatch, 33)
     stream = _stream_into(dest)
     assert stream.begin(final.shape, final.dtype, final.device)
     busy = torch.randn(2048, 2048, device="cuda")
@@ -77,3 +83,24 @@ def test_frame_stream_on_the_gpu_overlaps_and_stays_exact(monkeypatch):
         torch.empty_like(final[:, :, start:stop]).fill_(float("nan"))  # would reuse it if freed
     assert stream.complete(stream.result())
     assert torch.equal(dest, _reference(final))
+
+
+@pytest.mark.cuda
+def test_repeated_frame_streams_reuse_their_side_stream_memory(monkeypatch):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU (tier 3)")
+    # The caching allocator keeps freed blocks per stream: with a new side stream per decode,
+    # each decode's finished slices took new segments (cudaMalloc) until torch's 32 pooled
+    # streams each had their own. Decodes after the first must allocate nothing new.
+    final, dest = _frames_on_a_fresh_ring(monkeypatch, 9)
+    allocs = []
+    for _ in range(4):
+        stream = _stream_into(dest)
+        assert stream.begin(final.shape, final.dtype, final.device)
+        for start, stop in [(0, 1), (1, 5), (5, 9)]:
+            stream.take(final[:, :, start:stop] * 1, start)
+        assert stream.complete(stream.result())
+        torch.cuda.synchronize()
+        allocs.append(torch.cuda.memory_stats()["num_device_alloc"])
+    assert torch.equal(dest, _reference(final))
+    assert allocs[1:] == [allocs[0]] * 3, allocs
