@@ -240,14 +240,19 @@ def test_compile_threads_start_only_after_the_key_is_hashed(cpu_warmup, monkeypa
     assert all(order[i - 1] == "key" for i, step in enumerate(order) if step == "compile")
 
 
+@pytest.mark.parametrize("join", [False, True], ids=["own-first-call", "joined-first-call"])
 @pytest.mark.parametrize("kind,shape", [("wan21", (1, 4, 3, 4, 6)), ("wan22", (1, 8, 3, 4, 6))])
 def test_wan_warm_up_compiles_every_variant_a_cached_decode_meets(cpu_warmup, monkeypatch, kind,
-                                                                  shape):
+                                                                  shape, join):
     """Every kernel variant a decode launches (three latent frames: the first chunk and
     steady chunks reading the frame cache; the mid-block attention on the latent's frame size)
-    was among those the warm-up compiled, so none is left to compile inside the first decode."""
+    was among those the warm-up compiled, so none is left to compile inside the first decode.
+    Joined (``join_first_chunk``), Wan 2.2's shortcuts after the split temporal upsample once
+    met an NCTHW input here: a variant of their own, and strided reads."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
     from fast_vae_decode.kernels.backend import recording_launches, variant_key
 
+    monkeypatch.setattr(wan_settings, "join_first_chunk", join)
     warmed = []
     monkeypatch.setattr(prewarm, "compile_launch", warmed.append)
     model = tiny_wan(kind)

@@ -82,7 +82,14 @@ def split_first_frame(call: Callable, x: torch.Tensor, index: list, /, *args, **
     head = call(x[:, :, :1], *args, **kwargs)
     index[0] = slot
     tail = call(x[:, :, 1:], *args, **kwargs)
-    return torch.cat([head, tail], 2)
+    # In the tail's layout: torch counts a one-frame head as both contiguous and
+    # channels-last-3d, and its cat then wrote NCTHW, so the blocks after the upsample read a
+    # strided input (and launched kernel variants the warm-up had not compiled).
+    shape = (*tail.shape[:2], head.shape[2] + tail.shape[2], *tail.shape[3:])
+    layout = torch.channels_last_3d if tail.is_contiguous(memory_format=torch.channels_last_3d) \
+        else torch.contiguous_format
+    out = torch.empty(shape, dtype=tail.dtype, device=tail.device, memory_format=layout)
+    return torch.cat([head, tail], 2, out=out)
 
 
 def upsample_cache_args(args: tuple, kwargs: dict) -> tuple[object, object]:
