@@ -26,6 +26,16 @@ from fast_vae_decode.fastpath.install import install_fast_path
 from fast_vae_decode.fastpath.swap import is_swapped
 from support.wan_models import latent, tiny_wan
 
+
+@pytest.fixture
+def unjoined(monkeypatch):
+    """The first latent frame in a decoder call of its own (``join_first_chunk`` off), as
+    stock's loop calls it: for tests whose premise is that call (its single frame, its
+    first-chunk flags) or stock's call shapes on the fused path."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    monkeypatch.setattr(wan_settings, "join_first_chunk", False)
+
 # (model kind, latent shape)
 CASES = [
     ("wan21", (1, 4, 2, 4, 6)),  # the plain case: a first chunk and one steady-state chunk
@@ -109,7 +119,7 @@ def test_lossless_is_stock_bit_for_bit(models, kind, shape):
     CASES[1] + (False,),  # lossless: what the lossless tests above also show, stated directly
     CASES[5] + (True,),  # fused modules inside: the loop is exact on the fast path too
 ], ids=[IDS[1] + "-closed", IDS[5] + "-open"])
-def test_preallocated_loop_equals_cat_loop(models, kind, shape, is_open):
+def test_preallocated_loop_equals_cat_loop(models, kind, shape, is_open, unjoined):
     """The loop changes no value: same result as the stock cat loop on the same modules."""
     _, model, _ = models[kind]
     z = latent(shape, seed=1)
@@ -187,7 +197,7 @@ def test_upsample_bias_is_added_by_the_packs_pass(models, kind, shape, monkeypat
 
 
 @pytest.mark.parametrize("kind,shape", [CASES[4], CASES[5]], ids=[IDS[4], IDS[5]])
-def test_wan22_shortcuts_are_written_channels_last(models, kind, shape):
+def test_wan22_shortcuts_are_written_channels_last(models, kind, shape, unjoined):
     """Wan 2.2's DupUp3D shortcuts run ``dup_up_3d`` in a high decode (first chunk included:
     its leading frame is dropped) and hand the block's add a channels-last-3d tensor."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import DupUp3D
@@ -245,7 +255,8 @@ def test_high_with_per_tap_convs_close_to_lossless(models, kind, shape, monkeypa
 
 
 @pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
-def test_high_with_first_chunk_convs_as_2d_close_to_lossless(models, kind, shape, monkeypatch):
+def test_high_with_first_chunk_convs_as_2d_close_to_lossless(models, kind, shape, monkeypatch,
+                                                             unjoined):
     """The GPU's route for a first chunk's single uncached frame, forced on the CPU: every
     batch-1 3x3x3 conv over one frame runs its last temporal tap as ``conv2d``
     (``last_tap_part``); later chunks keep their route."""

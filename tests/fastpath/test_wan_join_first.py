@@ -137,18 +137,31 @@ def test_a_stock_temporal_upsample_declines_the_join(monkeypatch):
     """A stock Resample would skip every frame's time conv in a first call of several frames."""
     model = tiny_wan("wan21")
     install_fast_path(model)
+    x = torch.zeros(1, 4, 2, 4, 6)
     monkeypatch.setattr(wan_settings, "join_first_chunk", True)
     with gate_for(model).opened(True):
-        assert join_first.join_reason(model, model.decoder, pieces=False) is None
-        assert join_first.join_reason(model, model.decoder, pieces=True) == \
+        assert join_first.join_reason(model, model.decoder, False, x) is None
+        assert join_first.join_reason(model, model.decoder, True, x) == \
             "decoder without the joined pieces"
         upsample = next(m for m in model.decoder.modules() if join_first.is_temporal_upsample(m))
         object.__setattr__(upsample, "_fvd_splits_first_frame", False)
-        assert join_first.join_reason(model, model.decoder, pieces=False) == \
+        assert join_first.join_reason(model, model.decoder, False, x) == \
             "a temporal upsample is not fused"
-    assert join_first.join_reason(model, model.decoder, pieces=False) == "gate closed"
+    assert join_first.join_reason(model, model.decoder, False, x) == "gate closed"
     monkeypatch.setattr(wan_settings, "join_first_chunk", False)
-    assert join_first.join_reason(model, model.decoder, pieces=False) == "off"
+    assert join_first.join_reason(model, model.decoder, False, x) == "off"
+
+
+def test_where_no_kernel_runs_the_first_call_is_not_joined(monkeypatch):
+    """Without Triton on the latent's device every module falls back: the decode must be stock's
+    own calls (a joined call's batch shapes round differently in a CPU conv)."""
+    model = tiny_wan("wan21")
+    install_fast_path(model)
+    monkeypatch.setattr(wan_settings, "join_first_chunk", True)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with gate_for(model).opened(True):
+        assert join_first.join_reason(model, model.decoder, False, torch.zeros(1, 4, 2, 4, 6)) \
+            == "cpu tensor"
 
 
 def test_outside_a_joined_call_a_first_frame_takes_the_stock_first_chunk_rule():

@@ -256,7 +256,7 @@ def _per_frame_loop(model, x: torch.Tensor, feat_map: list, kwargs: dict,
     per latent frame, the first with ``kwargs``, or the first two frames in that call
     (``join_first``)."""
     frames = x.shape[2]
-    first = 2 if frames > 1 and join_reason(model, model.decoder, pieces=False) is None else 1
+    first = 2 if frames > 1 and join_reason(model, model.decoder, False, x) is None else 1
 
     def step(i: int) -> list:
         if i == 0:
@@ -280,7 +280,7 @@ def _comfy_chunked_decode(model, module, code, z: torch.Tensor) -> torch.Tensor:
     feat_map = [None] * getattr(module, code.counter)(model.decoder) if calls > 1 else None
     x = model.conv2(z)
     first = 1
-    if calls > 1 and join_reason(model, model.decoder, pieces=True) is None:
+    if calls > 1 and join_reason(model, model.decoder, True, x) is None:
         first, calls = min(3, frames), calls - 1
     sizes = [first] + [x[:, :, first + 2 * (i - 1):first + 2 * i].shape[2] for i in range(1, calls)]
 

@@ -35,6 +35,7 @@ from typing import Callable, Iterator
 
 import torch
 
+from ....kernels.backend import triton_unavailable_reason
 from ...comfyui.wan_code import method_code
 from ...gate import existing_gate
 from .settings import settings
@@ -125,14 +126,21 @@ def run_up_reason(decoder: torch.nn.Module) -> str | None:
     return code if isinstance(code, str) else None
 
 
-def join_reason(model: torch.nn.Module, decoder: torch.nn.Module, pieces: bool) -> str | None:
-    """Why this decode's first call is not joined (None: it is); ``pieces``: the decoder cuts
-    frames into pairs (ComfyUI 0.33+), which needs ``JoinedRunUp``."""
+def join_reason(model: torch.nn.Module, decoder: torch.nn.Module, pieces: bool,
+                x: torch.Tensor) -> str | None:
+    """Why this decode's first call over ``x`` (the decoder's input) is not joined (None: it
+    is); ``pieces``: the decoder cuts frames into pairs (ComfyUI 0.33+), which needs
+    ``JoinedRunUp``."""
     if not settings.join_first_chunk:
         return "off"
     gate = existing_gate(model)
     if gate is None or not gate.allows_fast_path():
         return "gate closed"
+    # Where no kernel can run every module falls back, and the decode must be stock's own calls
+    # (a joined call's other batch shapes round differently, e.g. in a CPU conv).
+    reason = triton_unavailable_reason(x)
+    if reason is not None:
+        return reason
     if pieces and not isinstance(decoder, JoinedRunUp):
         return "decoder without the joined pieces"
     # Only the fused class splits a temporal upsample (``splits_first_frame``); a stock one

@@ -74,14 +74,14 @@ class WanSettings:
     cuda_graphs: bool = False
     # The decode loop's first latent frame decoded in the same decoder call as the next chunk
     # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
-    # left the GPU waiting ~15-17 ms per Wan 2.1 480p decode (docs/benchmark/7c40816, section
-    # 4). Open gate only. Off: interleaved on the H200 against off (0.33, 4 rounds,
-    # docs/benchmark/aceb145) Wan 2.1 x33 / x81 moved -1.1 / +0.6%, inside their spreads: one
-    # call fewer did not shorten the decode measurably (the CUDA graph above removed the host's
-    # issue time itself). Peak: under the unjoined one's on the GPU for diffusers' per-frame
-    # loop (480x832: 3716 against 3737 MiB above the model); 0.33's three-frame first piece
-    # only estimated on the CPU, under stock's (docs/benchmark/c659414).
-    join_first_chunk: bool = False
+    # left the GPU waiting for the host (H100, ComfyUI 0.8: through all 23 module calls of the
+    # first call and 10 of the second, docs/benchmark/s35/h). Open gate and a device Triton
+    # runs on only. Interleaved against off, 8 rounds (H100, pack 48e2db8,
+    # docs/benchmark/s35/f): Wan 2.1 x33 / x81 -2.7 / -0.9% on 0.33 (quartiles apart), +0.4 /
+    # -0.2% on 0.8 (inside the spread); at aceb145 (H200, 0.33, 4 rounds) -1.1 / +0.6%. Peak
+    # against stock: issue 13's table (docs/benchmark/s35). Off: the first frame is a call of
+    # its own, as in stock's loop.
+    join_first_chunk: bool = True
 
 
 settings = WanSettings()
