@@ -65,6 +65,9 @@ def _latent():
 def test_a_video_decode_reports_each_chunk_and_ends_at_its_total(pack, vae, monkeypatch, quality):
     import comfy.utils
 
+    # Each of stock's decoder calls reports: the first latent frame in a call of its own.
+    monkeypatch.setattr(pack_module("fastpath.families.wan.settings").settings,
+                        "join_first_chunk", False)
     bars = _Bars()
     monkeypatch.setattr(comfy.utils, "ProgressBar", bars.cls)
     with torch.inference_mode():
