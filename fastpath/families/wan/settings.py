@@ -76,12 +76,16 @@ class WanSettings:
     # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
     # left the GPU waiting for the host (H100, ComfyUI 0.8: through all 23 module calls of the
     # first call and 10 of the second, docs/benchmark/s35/h). Open gate and a device Triton
-    # runs on only. Interleaved against off, 8 rounds (H100, pack 48e2db8,
-    # docs/benchmark/s35/f): Wan 2.1 x33 / x81 -2.7 / -0.9% on 0.33 (quartiles apart), +0.4 /
-    # -0.2% on 0.8 (inside the spread); at aceb145 (H200, 0.33, 4 rounds) -1.1 / +0.6%. Peak
-    # against stock: issue 13's table (docs/benchmark/s35). Off: the first frame is a call of
+    # runs on only. Off by default: interleaved against off, 8 rounds (H100, pack 48e2db8,
+    # docs/benchmark/s35/f), Wan 2.1 x33 / x81 moved -2.7 / -0.9% on 0.33 (quartiles apart) and
+    # +0.4 / -0.2% on 0.8 (inside the spread), but in issue 13's table with it on (H100,
+    # d6e9f2d, docs/benchmark/s35/t) 0.33's Wan 2.1 x33 peak rose over stock's: 3145 MiB above
+    # the model against 3095 (2949 unjoined). 0.33's joined first call is three latent frames;
+    # a video of up to three is one call, which also ends the frames' streaming
+    # (tests/comfyui/test_pixel_decode_comfyui_gpu.py) and meets a kernel variant the warm-up
+    # does not compile (tests/fastpath/test_prewarm_gpu.py). Off: the first frame is a call of
     # its own, as in stock's loop.
-    join_first_chunk: bool = True
+    join_first_chunk: bool = False
 
 
 settings = WanSettings()
