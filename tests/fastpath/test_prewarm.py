@@ -240,19 +240,28 @@ def test_compile_threads_start_only_after_the_key_is_hashed(cpu_warmup, monkeypa
     assert all(order[i - 1] == "key" for i, step in enumerate(order) if step == "compile")
 
 
+@pytest.mark.parametrize("taps", [False, True], ids=["cpu-routes", "gpu-taps"])
 @pytest.mark.parametrize("join", [False, True], ids=["own-first-call", "joined-first-call"])
 @pytest.mark.parametrize("kind,shape", [("wan21", (1, 4, 3, 4, 6)), ("wan22", (1, 8, 3, 4, 6))])
 def test_wan_warm_up_compiles_every_variant_a_cached_decode_meets(cpu_warmup, monkeypatch, kind,
-                                                                  shape, join):
+                                                                  shape, join, taps):
     """Every kernel variant a decode launches (three latent frames: the first chunk and
     steady chunks reading the frame cache; the mid-block attention on the latent's frame size)
     was among those the warm-up compiled, so none is left to compile inside the first decode.
     Joined (``join_first_chunk``), Wan 2.2's shortcuts after the split temporal upsample once
-    met an NCTHW input here: a variant of their own, and strided reads."""
+    met an NCTHW input here: a variant of their own, and strided reads. ``gpu-taps``: the
+    GPU's 2-D taps route up to ``TAPS_MAX_CHANNELS`` forced on the CPU. There, with three tap
+    parts, a conv reading two cached frames in place (``split_tap_parts``) hands its norm one
+    addend, which no warm-up call met (the GPU tier's failure at 7e325fb, docs/benchmark/s35)."""
+    from fast_vae_decode.fastpath.families.wan import ops as wan_ops
     from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
     from fast_vae_decode.kernels.backend import recording_launches, variant_key
 
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+    if taps:
+        monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
+            inp.shape[0] == 1 and inp.shape[1] <= wan_ops.TAPS_MAX_CHANNELS
+            and wan_ops._plain_3x3x3(conv)))
     warmed = []
     monkeypatch.setattr(prewarm, "compile_launch", warmed.append)
     model = tiny_wan(kind)

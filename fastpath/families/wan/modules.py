@@ -104,11 +104,12 @@ class FusedWanResidualBlock(FusedModule):
         return self._parts()[0].gamma.shape[0]
 
     def prewarm(self, device, dtype):
-        """A decode's first chunk (one frame) and then a steady one (two frames behind the
-        cached ones) through a private frame cache: the kernel variants only cached calls meet
-        (the norms' frame tails, the second tap part a norm folds in) get compiled too."""
+        """A decode's first chunk (one frame), then two frames behind the one it cached, then
+        two behind two, through a private frame cache: the kernel variants only cached calls
+        meet get compiled too (the norms' frame tails; the norms folding in two tap parts and,
+        where the conv reads two cached frames in place (``split_tap_parts``), one)."""
         cache, channels = [None, None], self.prewarm_channels()
-        for frames in (1, 2):
+        for frames in (1, 2, 2):
             x = to_cl3d(torch.randn(1, channels, frames, 8, 8, device=device, dtype=dtype))
             self.prewarm_call(x, cache, [0])
 
