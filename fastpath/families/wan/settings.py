@@ -81,10 +81,9 @@ class WanSettings:
     # +0.4 / -0.2% on 0.8 (inside the spread), but in issue 13's table with it on (H100,
     # d6e9f2d, docs/benchmark/s35/t) 0.33's Wan 2.1 x33 peak rose over stock's: 3145 MiB above
     # the model against 3095 (2949 unjoined). 0.33's joined first call is three latent frames;
-    # a video of up to three is one call, which also ends the frames' streaming
-    # (tests/comfyui/test_pixel_decode_comfyui_gpu.py) and meets a kernel variant the warm-up
-    # does not compile (tests/fastpath/test_prewarm_gpu.py). Off: the first frame is a call of
-    # its own, as in stock's loop.
+    # a video of up to three is then one call, which also ends the frames' streaming there
+    # (tests/comfyui/test_pixel_decode_comfyui_gpu.py expects it). Off: the first frame is a
+    # call of its own, as in stock's loop.
     join_first_chunk: bool = False
 
 
