@@ -268,7 +268,6 @@ JOIN_CALLS = {
 
 def _joined_decode(model, z, join: bool, monkeypatch):
     """``(model.decode(z) with the gate open, frames of each decoder call)``."""
-
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
     calls = []
     hook = model.decoder.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[2]))

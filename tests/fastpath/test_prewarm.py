@@ -259,9 +259,8 @@ def test_wan_warm_up_compiles_every_variant_a_cached_decode_meets(cpu_warmup, mo
 
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
     if taps:
-        monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
-            inp.shape[0] == 1 and inp.shape[1] <= wan_ops.TAPS_MAX_CHANNELS
-            and wan_ops._plain_3x3x3(conv)))
+        monkeypatch.setattr(wan_ops, "_as_2d_taps",
+                            lambda conv, inp: wan_ops.taps_2d_shape(conv, inp.shape))
     warmed = []
     monkeypatch.setattr(prewarm, "compile_launch", warmed.append)
     model = tiny_wan(kind)

@@ -205,9 +205,13 @@ def _plain_3x3x3(conv) -> bool:
             and tuple(conv.dilation) == (1, 1, 1) and conv.groups == 1)
 
 
+def taps_2d_shape(conv, shape: tuple[int, ...]) -> bool:
+    """Whether a conv's input of ``shape`` is one the 2-D taps route takes on the GPU."""
+    return shape[0] == 1 and shape[1] <= TAPS_MAX_CHANNELS and _plain_3x3x3(conv)
+
+
 def _as_2d_taps(conv, inp: torch.Tensor) -> bool:
-    return (inp.is_cuda and inp.shape[0] == 1 and inp.shape[1] <= TAPS_MAX_CHANNELS
-            and _plain_3x3x3(conv))
+    return inp.is_cuda and taps_2d_shape(conv, inp.shape)
 
 
 # A decode's first chunk meets each 3x3x3 conv with one frame and nothing cached, so only the
