@@ -316,6 +316,38 @@ def test_joined_first_call_on_the_fused_modules_stays_close(vaes, monkeypatch):
         torch.testing.assert_close(got, stock.first_stage_model.decode(z), rtol=1e-4, atol=1e-4)
 
 
+def _piece_frames(model, z, join: bool, monkeypatch) -> list[int]:
+    """The frames of each call of the decoder's last head conv: one per piece at full size."""
+    from comfy.ldm.wan.vae import CausalConv3d
+
+    head = [m for m in model.decoder.head if isinstance(m, CausalConv3d)][-1]
+    frames = []
+    hook = head.register_forward_pre_hook(lambda m, a: frames.append(a[0].shape[2]))
+    try:
+        _joined_decode(model, z, join, monkeypatch)
+    finally:
+        hook.remove()
+    return frames
+
+
+def test_joined_first_call_keeps_the_stock_loops_pieces(monkeypatch):
+    """Peak memory: a joined call cuts its frames into the pieces stock's calls make (the first
+    frame alone, then pairs), so no piece is larger than a stock one; only the stages before
+    the first temporal upsample see the joined frames together. A three-frame first piece put
+    Wan 2.1 x33's peak over stock's on 0.33 (docs/benchmark/s35)."""
+    from fast_vae_decode.bench.models import comfy_vae
+
+    comfy_nodes()
+    model = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
+    install_fast_path(model)
+    if model._fvd_loop_code.loop != "chunked":
+        pytest.skip("this tree's decoder does not cut frames into pieces (ComfyUI before 0.33)")
+    z = _latent((1, 16, 5, 3, 5), seed=6).double()
+    stock_pieces = _piece_frames(model, z, False, monkeypatch)
+    assert stock_pieces[0] == 1 and set(stock_pieces[1:]) == {2}  # the premise: stock's pieces
+    assert _piece_frames(model, z, True, monkeypatch) == stock_pieces
+
+
 def test_unknown_block_code_stays_stock_with_its_reason():
     """Fail closed: a ResidualBlock whose forward is code this pack has not seen keeps it."""
     comfy_nodes()
