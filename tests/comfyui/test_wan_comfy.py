@@ -316,36 +316,55 @@ def test_joined_first_call_on_the_fused_modules_stays_close(vaes, monkeypatch):
         torch.testing.assert_close(got, stock.first_stage_model.decode(z), rtol=1e-4, atol=1e-4)
 
 
-def _piece_frames(model, z, join: bool, monkeypatch) -> list[int]:
-    """The frames of each call of the decoder's last head conv: one per piece at full size."""
+def _piece_frames(model, z, join: bool, monkeypatch) -> tuple[list[int], list[int], torch.Tensor]:
+    """``(frames of each call of the first block after the first temporal upsample, of the
+    last head conv (one call per piece at full size), the decode)``."""
     from comfy.ldm.wan.vae import CausalConv3d
 
+    ups = model.decoder.upsamples
+    first_up = next(i for i, m in enumerate(ups) if getattr(m, "mode", None) == "upsample3d")
     head = [m for m in model.decoder.head if isinstance(m, CausalConv3d)][-1]
-    frames = []
-    hook = head.register_forward_pre_hook(lambda m, a: frames.append(a[0].shape[2]))
+    mid, full = [], []
+    hooks = [ups[first_up + 1].register_forward_pre_hook(lambda m, a: mid.append(a[0].shape[2])),
+             head.register_forward_pre_hook(lambda m, a: full.append(a[0].shape[2]))]
     try:
-        _joined_decode(model, z, join, monkeypatch)
+        out, _ = _joined_decode(model, z, join, monkeypatch)
     finally:
-        hook.remove()
-    return frames
+        for hook in hooks:
+            hook.remove()
+    return mid, full, out
 
 
-def test_joined_first_call_keeps_the_stock_loops_pieces(monkeypatch):
-    """Peak memory: a joined call cuts its frames into the pieces stock's calls make (the first
-    frame alone, then pairs), so no piece is larger than a stock one; only the stages before
-    the first temporal upsample see the joined frames together. A three-frame first piece put
-    Wan 2.1 x33's peak over stock's on 0.33 (docs/benchmark/s35)."""
+# What each cut does to the first pieces below and at full size, against stock's [1, 2, ...].
+JOIN_PIECES = {"stock": (1, 1), "ride": (3, 3), "ride_below_last": (3, 1)}
+
+
+@pytest.mark.parametrize("pieces", sorted(JOIN_PIECES))
+def test_joined_first_call_cuts_the_pieces_its_setting_names(pieces, monkeypatch):
+    """Peak memory: by default (``join_pieces="stock"``) a joined call cuts its frames into the
+    pieces stock's calls make (the first frame alone, then pairs), so no piece is larger than a
+    stock one; a three-frame first piece down to full size ("ride") put Wan 2.1 x33's peak over
+    stock's on 0.33 (docs/benchmark/s35). Every cut gives the stock loop's frames (fp64: every
+    module runs its stock code)."""
     from fast_vae_decode.bench.models import comfy_vae
 
     comfy_nodes()
+    stock = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
     model = comfy_vae("wan21", seed=0, tiny=True).first_stage_model.double()
     install_fast_path(model)
     if model._fvd_loop_code.loop != "chunked":
         pytest.skip("this tree's decoder does not cut frames into pieces (ComfyUI before 0.33)")
+    monkeypatch.setattr(wan_settings, "join_pieces", pieces)
     z = _latent((1, 16, 5, 3, 5), seed=6).double()
-    stock_pieces = _piece_frames(model, z, False, monkeypatch)
-    assert stock_pieces[0] == 1 and set(stock_pieces[1:]) == {2}  # the premise: stock's pieces
-    assert _piece_frames(model, z, True, monkeypatch) == stock_pieces
+    with torch.inference_mode():
+        expected = stock.decode(z)
+    stock_mid, stock_full, _ = _piece_frames(model, z, False, monkeypatch)
+    assert stock_mid[0] == stock_full[0] == 1 and set(stock_mid[1:]) == set(stock_full[1:]) == {2}
+    mid, full, got = _piece_frames(model, z, True, monkeypatch)
+    assert (mid[0], full[0]) == JOIN_PIECES[pieces]
+    assert set(mid[1:]) == set(full[1:]) == {2}
+    assert sum(full) == sum(stock_full)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
 def test_unknown_block_code_stays_stock_with_its_reason():

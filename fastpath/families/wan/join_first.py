@@ -119,11 +119,20 @@ class JoinedRunUp:
         x = x_ref[0]
         x_ref[0] = None
         x = layer(x, feat_cache, feat_idx)  # 1 + 2k frames: the first one not doubled in time
-        starts = [0] + list(range(1, x.shape[2], PAIR))
+        starts = [0] + list(range(1 if self._first_frame_alone(layer_idx) else 1 + PAIR,
+                                  x.shape[2], PAIR))
         stops = starts[1:] + [x.shape[2]]
         for start, stop in zip(starts, stops, strict=True):
             super().run_up(layer_idx + 1, [x[:, :, start:stop]], feat_cache, feat_idx.copy(),
                            out_chunks)
+
+
+    def _first_frame_alone(self, layer_idx: int) -> bool:
+        """Whether the pieces after the temporal upsample at ``layer_idx`` start with the first
+        frame alone (``settings.join_pieces``)."""
+        if settings.join_pieces == "ride_below_last":
+            return not any(is_temporal_upsample(m) for m in self.upsamples[layer_idx + 1:])
+        return settings.join_pieces != "ride"
 
 
 def run_up_reason(decoder: torch.nn.Module) -> str | None:

@@ -85,9 +85,17 @@ class WanSettings:
     # (tests/comfyui/test_pixel_decode_comfyui_gpu.py expects it). Off: the first frame is a
     # call of its own, as in stock's loop.
     join_first_chunk: bool = False
+    # How a joined call on 0.33+ cuts its frames after a temporal upsample (``JoinedRunUp``):
+    # "stock", the first frame alone and then pairs (stock's pieces: no piece larger than
+    # stock's); "ride", the first frame in front of the first pair (a three-frame piece down to
+    # full size: s35's cut, whose peak went over stock's); "ride_below_last", in front of the
+    # first pair except after the last temporal upsample (three frames only at the smaller
+    # sizes).
+    join_pieces: str = "stock"
 
 
 settings = WanSettings()
 
 ATTENTION_MODES = ("auto", "chunked", "sdpa")
-CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES}
+JOIN_PIECES = ("stock", "ride", "ride_below_last")
+CHOICES: dict[str, tuple[str, ...]] = {"attention": ATTENTION_MODES, "join_pieces": JOIN_PIECES}
