@@ -341,11 +341,12 @@ JOIN_PIECES = {"stock": (1, 1), "ride": (3, 3), "ride_below_last": (3, 1)}
 
 @pytest.mark.parametrize("pieces", sorted(JOIN_PIECES))
 def test_joined_first_call_cuts_the_pieces_its_setting_names(pieces, monkeypatch):
-    """Peak memory: by default (``join_pieces="stock"``) a joined call cuts its frames into the
-    pieces stock's calls make (the first frame alone, then pairs), so no piece is larger than a
-    stock one; a three-frame first piece down to full size ("ride") put Wan 2.1 x33's peak over
-    stock's on 0.33 (docs/benchmark/s35). Every cut gives the stock loop's frames (fp64: every
-    module runs its stock code)."""
+    """Peak memory: by default (``join_pieces="ride_below_last"``) a joined call's first frame
+    rides in front of the first pair only below full size; there it is a piece of its own, as in
+    stock's calls, so no full-size piece is larger than a stock one. A three-frame first piece
+    down to full size ("ride") put Wan 2.1 x33's peak over stock's on 0.33
+    (docs/benchmark/s35). Every cut gives the stock loop's frames (fp64: every module runs its
+    stock code)."""
     from fast_vae_decode.bench.models import comfy_vae
 
     comfy_nodes()

@@ -22,13 +22,13 @@ and on the rest, each meeting the cache state the stock loop would give it, whic
 ComfyUI 0.33+'s decoder then cuts the frames after a temporal upsample into pairs (its
 ``run_up``), and its blocks cache the last two frames of their own input. Its stock cut of a
 joined call's 1 + 2k frames would pair the first frame with the next one and leave a one-frame
-piece at the end, whose one-frame cache the next call's blocks would then read. So there the
-first frame is a piece of its own, followed by the pairs (``JoinedRunUp``): every piece is the
-one the stock loop would make (its first call's single frame, then its second call's pairs), so
-every block meets the stock cache and the activations of one piece are never larger than
-stock's. Only the stages before the first temporal upsample see the three frames together.
-(Riding in front of the first pair instead, a three-frame piece, put Wan 2.1 x33's peak over
-stock's on 0.33: docs/benchmark/s35.)
+piece at the end, whose one-frame cache the next call's blocks would then read. So there
+``JoinedRunUp`` cuts them itself (``settings.join_pieces``): after every temporal upsample but
+the last, the first frame rides in front of the first pair (a three-frame piece: its blocks'
+launches carry two more frames, so the GPU is not left waiting for the host); after the last
+one it is a piece of its own, followed by the pairs, which are stock's pieces at the sizes where
+a decode's peak memory is. (Riding in front of the first pair down to full size put Wan 2.1
+x33's peak over stock's on 0.33: docs/benchmark/s35.)
 
 Taken with the gate open only (lossless keeps the stock calls: other batch shapes may pick
 other cuDNN kernels).
@@ -108,9 +108,9 @@ def upsample_cache_args(args: tuple, kwargs: dict) -> tuple[object, object]:
 
 class JoinedRunUp:
     """ComfyUI 0.33+'s ``Decoder3d`` with a joined first call's pieces: after a temporal
-    upsample that met the first frame (``first_in_join``) the pieces are that frame alone, then
-    pairs (the stock loop's pieces); every other step is the stock ``run_up``. Installed only on
-    the ``run_up`` this pack knows (``wan_code``)."""
+    upsample that met the first frame (``first_in_join``) the pieces are that frame in front of
+    the first pair or alone (``_first_frame_alone``), then pairs; every other step is the stock
+    ``run_up``. Installed only on the ``run_up`` this pack knows (``wan_code``)."""
 
     def run_up(self, layer_idx, x_ref, feat_cache, feat_idx, out_chunks):
         layer = self.upsamples[layer_idx] if layer_idx < len(self.upsamples) else None

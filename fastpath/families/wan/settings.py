@@ -74,24 +74,24 @@ class WanSettings:
     cuda_graphs: bool = False
     # The decode loop's first latent frame decoded in the same decoder call as the next chunk
     # (``join_first``): the same sums, one decoder call's host time fewer, where the first call
-    # left the GPU waiting for the host (H100, ComfyUI 0.8: through all 23 module calls of the
-    # first call and 10 of the second, docs/benchmark/s35/h). Open gate and a device Triton
-    # runs on only. Off by default: interleaved against off, 8 rounds (H100, pack 48e2db8,
-    # docs/benchmark/s35/f), Wan 2.1 x33 / x81 moved -2.7 / -0.9% on 0.33 (quartiles apart) and
-    # +0.4 / -0.2% on 0.8 (inside the spread), but in issue 13's table with it on (H100,
-    # d6e9f2d, docs/benchmark/s35/t) 0.33's Wan 2.1 x33 peak rose over stock's: 3145 MiB above
-    # the model against 3095 (2949 unjoined). 0.33's joined first call is three latent frames;
-    # a video of up to three is then one call, which also ends the frames' streaming there
-    # (tests/comfyui/test_pixel_decode_comfyui_gpu.py expects it). Off: the first frame is a
-    # call of its own, as in stock's loop.
-    join_first_chunk: bool = False
+    # left the GPU waiting for the host (H100: through all 23 module calls of the first call and
+    # 10 of the second on 0.8, docs/benchmark/s35/h; 0.33 waited 33 ms at 33 module calls,
+    # docs/benchmark/s36). Open gate and a device Triton runs on only. A latent of up to three
+    # frames is then one call on 0.33 (two on 0.8), whose frames are not streamed to the host.
+    # Interleaved against off (H100, 8 rounds, docs/benchmark/s36/d, with ``join_pieces`` below):
+    # 0.33 Wan 2.1 x33 -3.9% (quartiles apart), x81 -0.9%; 0.8 +0.4 / -0.2% (s35/f, inside the
+    # spread). Peaks stay under stock's: 0.33 3000 / 3005 MiB against 3095 / 3208 (s36/c),
+    # 0.8 3755 / 3761 against 3936 / 4052 (s35/t).
+    join_first_chunk: bool = True
     # How a joined call on 0.33+ cuts its frames after a temporal upsample (``JoinedRunUp``):
-    # "stock", the first frame alone and then pairs (stock's pieces: no piece larger than
-    # stock's); "ride", the first frame in front of the first pair (a three-frame piece down to
-    # full size: s35's cut, whose peak went over stock's); "ride_below_last", in front of the
-    # first pair except after the last temporal upsample (three frames only at the smaller
-    # sizes).
-    join_pieces: str = "stock"
+    # "stock", the first frame alone and then pairs (stock's pieces); "ride", the first frame in
+    # front of the first pair (a three-frame piece down to full size); "ride_below_last", in
+    # front of the first pair except after the last temporal upsample (three frames only at the
+    # smaller sizes, stock's pieces at full size). The default, measured against the others
+    # (0.33, Wan 2.1 x33, interleaved against the unjoined decode, H100, docs/benchmark/s36/d):
+    # -1.8% / -3.5% / -3.9%. "ride" put x33's peak over stock's (3145 MiB against 3095,
+    # docs/benchmark/s35/t); "ride_below_last" left it at 3000 (docs/benchmark/s36/c).
+    join_pieces: str = "ride_below_last"
 
 
 settings = WanSettings()
