@@ -126,7 +126,6 @@ class JoinedRunUp:
             super().run_up(layer_idx + 1, [x[:, :, start:stop]], feat_cache, feat_idx.copy(),
                            out_chunks)
 
-
     def _first_frame_alone(self, layer_idx: int) -> bool:
         """Whether the pieces after the temporal upsample at ``layer_idx`` start with the first
         frame alone (``settings.join_pieces``)."""

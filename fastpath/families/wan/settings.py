@@ -87,10 +87,10 @@ class WanSettings:
     # "stock", the first frame alone and then pairs (stock's pieces); "ride", the first frame in
     # front of the first pair (a three-frame piece down to full size); "ride_below_last", in
     # front of the first pair except after the last temporal upsample (three frames only at the
-    # smaller sizes, stock's pieces at full size). The default, measured against the others
-    # (0.33, Wan 2.1 x33, interleaved against the unjoined decode, H100, docs/benchmark/s36/d):
-    # -1.8% / -3.5% / -3.9%. "ride" put x33's peak over stock's (3145 MiB against 3095,
-    # docs/benchmark/s35/t); "ride_below_last" left it at 3000 (docs/benchmark/s36/c).
+    # smaller sizes, stock's pieces at full size). Interleaved against the unjoined decode (0.33,
+    # Wan 2.1 x33, H100, docs/benchmark/s36/d): "stock" -1.8% (inside the spread), "ride"
+    # -3.5%, "ride_below_last" -3.9%. "ride" put x33's peak over stock's (3145 MiB against
+    # 3095, docs/benchmark/s35/t); "ride_below_last" left it at 3000 (docs/benchmark/s36/c).
     join_pieces: str = "ride_below_last"
 
 
