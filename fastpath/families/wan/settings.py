@@ -77,7 +77,8 @@ class WanSettings:
     # left the GPU waiting for the host (H100: through all 23 module calls of the first call and
     # 10 of the second on 0.8, docs/benchmark/s35/h; 0.33 waited 33 ms at 33 module calls,
     # docs/benchmark/s36). Open gate and a device Triton runs on only. A latent of up to three
-    # frames is then one call on 0.33 (two on 0.8), whose frames are not streamed to the host.
+    # frames is then one call in 0.33's Wan 2.1 loop (two in a per-frame loop: 0.8's Wan 2.1,
+    # every Wan 2.2), whose frames are not streamed to the host.
     # Interleaved against off (H100, 8 rounds, docs/benchmark/s36/d, with ``join_pieces`` below):
     # 0.33 Wan 2.1 x33 -3.9% (quartiles apart), x81 -0.9%; 0.8 +0.4 / -0.2% (s35/f, inside the
     # spread). Peaks stay under stock's: 0.33 3000 / 3005 MiB against 3095 / 3208 (s36/c),
