@@ -321,8 +321,10 @@ def _piece_frames(model, z, join: bool, monkeypatch) -> tuple[list[int], list[in
     last head conv (one call per piece at full size), the decode)``."""
     from comfy.ldm.wan.vae import CausalConv3d
 
+    from fast_vae_decode.fastpath.families.wan.join_first import is_temporal_upsample
+
     ups = model.decoder.upsamples
-    first_up = next(i for i, m in enumerate(ups) if getattr(m, "mode", None) == "upsample3d")
+    first_up = next(i for i, m in enumerate(ups) if is_temporal_upsample(m))
     head = [m for m in model.decoder.head if isinstance(m, CausalConv3d)][-1]
     mid, full = [], []
     hooks = [ups[first_up + 1].register_forward_pre_hook(lambda m, a: mid.append(a[0].shape[2])),
@@ -336,10 +338,10 @@ def _piece_frames(model, z, join: bool, monkeypatch) -> tuple[list[int], list[in
 
 
 # What each cut does to the first pieces below and at full size, against stock's [1, 2, ...].
-JOIN_PIECES = {"stock": (1, 1), "ride": (3, 3), "ride_below_last": (3, 1)}
+FIRST_PIECES = {"stock": (1, 1), "ride": (3, 3), "ride_below_last": (3, 1)}
 
 
-@pytest.mark.parametrize("pieces", sorted(JOIN_PIECES))
+@pytest.mark.parametrize("pieces", sorted(FIRST_PIECES))
 def test_joined_first_call_cuts_the_pieces_its_setting_names(pieces, monkeypatch):
     """Peak memory: by default (``join_pieces="ride_below_last"``) a joined call's first frame
     rides in front of the first pair only below full size; there it is a piece of its own, as in
@@ -362,7 +364,7 @@ def test_joined_first_call_cuts_the_pieces_its_setting_names(pieces, monkeypatch
     stock_mid, stock_full, _ = _piece_frames(model, z, False, monkeypatch)
     assert stock_mid[0] == stock_full[0] == 1 and set(stock_mid[1:]) == set(stock_full[1:]) == {2}
     mid, full, got = _piece_frames(model, z, True, monkeypatch)
-    assert (mid[0], full[0]) == JOIN_PIECES[pieces]
+    assert (mid[0], full[0]) == FIRST_PIECES[pieces]
     assert set(mid[1:]) == set(full[1:]) == {2}
     assert sum(full) == sum(stock_full)
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
