@@ -181,6 +181,7 @@ def test_device_finish_takes_a_joined_first_call(pack, vaes, monkeypatch):
     vae, z = vaes["wan21"], _latent((1, 16, 4, 4, 6))
     pack_module("fastpath.install").install_fast_path(vae.first_stage_model)
     monkeypatch.setattr(wan_settings, "join_first_chunk", True)
+    monkeypatch.setattr(wan_settings, "join_per_frame", True)  # 0.8's loop
     # The loop's plan alone: joined although no kernel runs on this CPU (the modules fall back).
     monkeypatch.setattr(pack_module("fastpath.families.wan.join_first"),
                         "triton_unavailable_reason", lambda x: None)

@@ -269,6 +269,7 @@ JOIN_CALLS = {
 def _joined_decode(model, z, join: bool, monkeypatch):
     """``(model.decode(z) with the gate open, frames of each decoder call)``."""
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+    monkeypatch.setattr(wan_settings, "join_per_frame", join)
     calls = []
     hook = model.decoder.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[2]))
     try:
@@ -314,6 +315,22 @@ def test_joined_first_call_on_the_fused_modules_stays_close(vaes, monkeypatch):
     torch.testing.assert_close(got, unjoined, rtol=1e-5, atol=1e-5)
     with torch.inference_mode():
         torch.testing.assert_close(got, stock.first_stage_model.decode(z), rtol=1e-4, atol=1e-4)
+
+
+def test_by_default_only_the_chunked_loop_joins(vaes):
+    """``join_per_frame`` is off by default: 0.33+'s chunked loop joins its first call, a
+    per-frame loop (0.8's) keeps stock's one-frame calls."""
+    model = vaes["wan21"][1].first_stage_model
+    loop = model._fvd_loop_code.loop
+    calls = []
+    hook = model.decoder.register_forward_pre_hook(lambda m, a: calls.append(a[0].shape[2]))
+    try:
+        with torch.inference_mode(), gate_for(model).opened(True):
+            model.decode(_latent((1, 16, 5, 3, 5), seed=5))
+    finally:
+        hook.remove()
+    unjoined, joined = JOIN_CALLS[loop][5]
+    assert calls == (joined if loop == "chunked" else unjoined)
 
 
 def _piece_frames(model, z, join: bool, monkeypatch) -> tuple[list[int], list[int], torch.Tensor]:

@@ -258,6 +258,7 @@ def test_wan_warm_up_compiles_every_variant_a_cached_decode_meets(cpu_warmup, mo
     from fast_vae_decode.kernels.backend import recording_launches, variant_key
 
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+    monkeypatch.setattr(wan_settings, "join_per_frame", join)
     if taps:
         monkeypatch.setattr(wan_ops, "_as_2d_taps",
                             lambda conv, inp: wan_ops.taps_2d_shape(conv, inp.shape))

@@ -226,6 +226,7 @@ def test_joined_first_call_at_480p_on_gpu(monkeypatch):
     results, peaks = {}, {}
     for join in (False, True):
         monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+        monkeypatch.setattr(wan_settings, "join_per_frame", join)
         calls.clear()
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()

@@ -58,6 +58,7 @@ def _decoder_calls(model):
 def _decode(model, z, *, is_open: bool, join: bool, monkeypatch):
     """``(decode, the gate's stats, frames of each decoder call)``."""
     monkeypatch.setattr(wan_settings, "join_first_chunk", join)
+    monkeypatch.setattr(wan_settings, "join_per_frame", join)
     with torch.no_grad(), gate_for(model).opened(is_open) as stats, _decoder_calls(model) as calls:
         return model.decode(z).sample, stats, calls
 
@@ -139,6 +140,7 @@ def test_a_stock_temporal_upsample_declines_the_join(monkeypatch):
     install_fast_path(model)
     x = torch.zeros(1, 4, 2, 4, 6)
     monkeypatch.setattr(wan_settings, "join_first_chunk", True)
+    monkeypatch.setattr(wan_settings, "join_per_frame", True)
     with gate_for(model).opened(True):
         assert join_first.join_reason(model, model.decoder, False, x) is None
         assert join_first.join_reason(model, model.decoder, True, x) == \
@@ -152,12 +154,25 @@ def test_a_stock_temporal_upsample_declines_the_join(monkeypatch):
     assert join_first.join_reason(model, model.decoder, False, x) == "off"
 
 
+def test_by_default_a_per_frame_loop_is_not_joined(wan21):
+    """The join measured no gain in per-frame loops (``settings.join_per_frame``): by default
+    only 0.33+'s chunked loop joins, so a per-frame decode keeps stock's one-frame calls."""
+    _, model = wan21
+    with gate_for(model).opened(True):
+        assert join_first.join_reason(model, model.decoder, False, torch.zeros(1, 4, 2, 4, 6)) \
+            == "a per-frame loop (join_per_frame off)"
+    with torch.no_grad(), gate_for(model).opened(True), _decoder_calls(model) as calls:
+        model.decode(latent((1, 4, 3, 4, 6)))
+    assert calls == [1, 1, 1]
+
+
 def test_where_no_kernel_runs_the_first_call_is_not_joined(monkeypatch):
     """Without Triton on the latent's device every module falls back: the decode must be stock's
     own calls (a joined call's batch shapes round differently in a CPU conv)."""
     model = tiny_wan("wan21")
     install_fast_path(model)
     monkeypatch.setattr(wan_settings, "join_first_chunk", True)
+    monkeypatch.setattr(wan_settings, "join_per_frame", True)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with gate_for(model).opened(True):
         assert join_first.join_reason(model, model.decoder, False, torch.zeros(1, 4, 2, 4, 6)) \

@@ -254,7 +254,7 @@ def _per_frame_loop(model, x: torch.Tensor, feat_map: list, kwargs: dict,
                     sink: FrameSink | None) -> torch.Tensor:
     """A per-frame loop (ComfyUI 0.8's Wan 2.1, every Wan 2.2, diffusers): one decoder call
     per latent frame, the first with ``kwargs``, or the first two frames in that call
-    (``join_first``)."""
+    (``join_first``, with ``settings.join_per_frame``)."""
     frames = x.shape[2]
     first = 2 if frames > 1 and join_reason(model, model.decoder, False, x) is None else 1
 

@@ -31,7 +31,8 @@ a decode's peak memory is. (Riding in front of the first pair down to full size 
 x33's peak over stock's on 0.33: docs/benchmark/s35.)
 
 Taken with the gate open only (lossless keeps the stock calls: other batch shapes may pick
-other cuDNN kernels).
+other cuDNN kernels), and by default only in 0.33+'s chunked loop: in a per-frame loop the join
+measured no gain (``settings.join_per_frame``).
 """
 from __future__ import annotations
 
@@ -147,6 +148,8 @@ def join_reason(model: torch.nn.Module, decoder: torch.nn.Module, pieces: bool,
     ``JoinedRunUp``."""
     if not settings.join_first_chunk:
         return "off"
+    if not pieces and not settings.join_per_frame:
+        return "a per-frame loop (join_per_frame off)"
     gate = existing_gate(model)
     if gate is None or not gate.allows_fast_path():
         return "gate closed"

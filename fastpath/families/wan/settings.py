@@ -80,10 +80,16 @@ class WanSettings:
     # frames is then one call in 0.33's Wan 2.1 loop (two in a per-frame loop: 0.8's Wan 2.1,
     # every Wan 2.2), whose frames are not streamed to the host.
     # Interleaved against off (H100, 8 rounds, docs/benchmark/s36/d, with ``join_pieces`` below):
-    # 0.33 Wan 2.1 x33 -3.9% (quartiles apart), x81 -0.9%; 0.8 +0.4 / -0.2% (s35/f, inside the
-    # spread). Peaks stay under stock's: 0.33 3000 / 3005 MiB against 3095 / 3208 (s36/c),
-    # 0.8 3755 / 3761 against 3936 / 4052 (s35/t).
+    # 0.33 Wan 2.1 x33 -3.9% (quartiles apart), x81 -0.9%. Peaks stay under stock's: 0.33 3000
+    # / 3005 MiB against 3095 / 3208 (s36/c). Per-frame loops join only with ``join_per_frame``.
     join_first_chunk: bool = True
+    # The join in a per-frame loop too (0.8's Wan 2.1, every Wan 2.2, diffusers: the first two
+    # latent frames in one call). Off: there it measured no gain, interleaved against the
+    # unjoined decode (H100): 0.8 Wan 2.1 x33 / x81 +0.4 / -0.2% (s35/f), +0.5 / +0.7% and
+    # +0.8 / -0.9% (s37/first, s37/a: inside the spread); Wan 2.2 704p x33 +1.2% on 0.33 and
+    # +1.1% on 0.8, quartiles apart (s37/a): its one-frame calls already give the GPU more
+    # work than the host needs to issue them.
+    join_per_frame: bool = False
     # How a joined call on 0.33+ cuts its frames after a temporal upsample (``JoinedRunUp``):
     # "stock", the first frame alone and then pairs (stock's pieces); "ride", the first frame in
     # front of the first pair (a three-frame piece down to full size); "ride_below_last", in
