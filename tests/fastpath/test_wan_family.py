@@ -225,7 +225,7 @@ def _high_per_setting(models, kind, shape, monkeypatch, setting: str, counted: s
     from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
 
     calls, real = [], getattr(wan_ops, counted)
-    monkeypatch.setattr(wan_ops, counted, lambda *a: (calls.append(1), real(*a))[1])
+    monkeypatch.setattr(wan_ops, counted, lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     results, counts = {}, {}
     for on in (False, True):
         monkeypatch.setattr(wan_settings, setting, on)
@@ -506,6 +506,34 @@ def test_split_tap_parts_are_the_assembled_inputs_tap_parts(monkeypatch):
         torch.testing.assert_close(sum_parts(got, conv.bias), reference, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("n_new", [3, 4, 5])  # 4: ComfyUI 0.8's chunks; 3 and 5: odd runs
+@pytest.mark.parametrize("three", [True, False], ids=["three-parts", "taps-0-1-summed"])
+def test_split_tap_parts_of_a_long_chunk_are_the_assembled_inputs_tap_parts(n_new, three,
+                                                                            monkeypatch):
+    """More new frames than cached ones: taps 0 and 1 each read a run that straddles the cached
+    and the new frames (two convs written into one part), and the parts are those
+    ``tap_parts`` makes of the assembled buffer, with either ``three_tap_parts``."""
+    from fast_vae_decode.fastpath.families.wan.ops import split_tap_parts, tap_parts
+    from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
+
+    monkeypatch.setattr(wan_ops.settings, "three_tap_parts", three)
+    gen = torch.Generator().manual_seed(6)
+    conv = torch.nn.Conv3d(6, 5, 3)
+    prev, new = (torch.randn(1, 6, t, 7, 9, generator=gen).contiguous(memory_format=CL3D)
+                 for t in (2, n_new))
+    joined = torch.cat([prev, new], 2).contiguous(memory_format=CL3D)
+    with torch.no_grad():
+        got = split_tap_parts(conv, prev, new, 1, 1)
+        expected = tap_parts(conv, joined, 1, 1)
+        assert [p.shape for p in got] == [p.shape for p in expected]
+        assert len(got) == (3 if three else 2)
+        assert all(p.is_contiguous(memory_format=CL3D) for p in got)  # what the kernels take
+        for a, b in zip(got, expected, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+        reference = torch.nn.functional.conv3d(joined, conv.weight, conv.bias, padding=(0, 1, 1))
+        torch.testing.assert_close(sum_parts(got, conv.bias), reference, rtol=1e-5, atol=1e-5)
+
+
 # Four latent frames: the third chunk is the first whose blocks meet two new frames behind two
 # cached ones (the second chunk's cache follows a single frame), the fourth reads the caches the
 # third left as its new frames.
@@ -527,6 +555,23 @@ def test_blocks_reading_cached_frames_in_place_decode_the_assembled_sums(models,
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+def test_long_chunks_read_their_cached_frames_in_place(models, monkeypatch):
+    """``split_long_chunks`` with the 2-D taps forced on the CPU: in a per-frame loop (0.8's,
+    diffusers') the full-resolution blocks meet four new frames behind two cached ones, read
+    those in place and cache the last two new ones (the norm's tail); the decode equals the
+    one through assembled inputs."""
+    monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
+        inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)))
+    long_chunks, real = [], wan_ops.split_tap_parts
+    monkeypatch.setattr(wan_ops, "split_tap_parts", lambda conv, prev, new, *pad: (
+        long_chunks.append(new.shape[2] > 2), real(conv, prev, new, *pad))[1])
+    results, counts, expected = _high_per_setting(models, "wan21", (1, 4, 3, 3, 5), monkeypatch,
+                                                  "split_long_chunks", "causal_input")
+    assert any(long_chunks) and counts[True] < counts[False]  # fewer assembled inputs
+    torch.testing.assert_close(results[True], results[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
 def test_cached_frames_stay_assembled_where_they_cannot_be_read_in_place(monkeypatch):
     """``split_input_frames`` declines (None: the buffer path) for every input it does not
     cover, and hands back an empty channels-last-3d tensor shaped like the new frames else."""
@@ -543,19 +588,23 @@ def test_cached_frames_stay_assembled_where_they_cannot_be_read_in_place(monkeyp
 
     new = split_input_frames(conv, video(2), video(2))
     assert new.shape == (1, 6, 2, 4, 5) and new.is_contiguous(memory_format=CL3D)
+    new = split_input_frames(conv, video(4), video(2))  # ComfyUI 0.8's four-frame chunks
+    assert new.shape == (1, 6, 4, 4, 5) and new.is_contiguous(memory_format=CL3D)
     head = WanCausalConv3d(6, 3, 3, padding=1)  # a 3-channel head conv runs narrow_conv
     assert split_input_frames(head, video(2), video(2)) is None
     for x, prev in [
         (video(2), None),  # the first chunk's blocks: nothing cached
         (video(2), video(1)),  # the chunk after the first frame: one cached frame, a zero frame
         (video(1), video(2)),  # one new frame: the next cache reaches into the cached frames
-        (video(4), video(2)),  # ComfyUI 0.8's four-frame chunks: two taps read two runs each
         (video(2, batch=2), video(2, batch=2)),  # batch 2: not the 2-D taps route
         (video(2), video(2, fmt=torch.contiguous_format)),  # a stock chunk's cache
         (video(2), video(2, dtype=torch.float64)),
         (video(2), video(2, channels=3)),
     ]:
         assert split_input_frames(conv, x, prev) is None
+    monkeypatch.setattr(wan_ops.settings, "split_long_chunks", False)
+    assert split_input_frames(conv, video(4), video(2)) is None
+    assert split_input_frames(conv, video(2), video(2)) is not None
     monkeypatch.setattr(wan_ops.settings, "split_cached_frames", False)
     assert split_input_frames(conv, video(2), video(2)) is None
 

@@ -414,15 +414,17 @@ def split_input_frames(conv, x: torch.Tensor, prev: torch.Tensor | None) -> torc
     cached frames ``prev`` where they lie (``split_tap_parts``), or None where the conv takes
     one assembled buffer (``causal_input``).
 
-    Taken in the steady state of ComfyUI 0.33's decode loop at full resolution: the 2-D taps
-    route (Wan 2.1's 96 channels), ``CACHE_T`` cached frames in front of ``CACHE_T`` new ones
-    (its ``run_up`` pieces). There every tap reads one run of frames except the middle one,
-    which reads one cached and one new frame as two 1-frame convs, so no cached frame is
-    copied into a buffer; and the next cache is the new frames themselves (the last
-    ``CACHE_T`` frames of ``prev ++ x`` and of ``x`` alike), so no tail is written either.
+    Taken in the steady state of a decode loop at full resolution: the 2-D taps route (Wan
+    2.1's 96 channels), ``CACHE_T`` cached frames in front of at least ``CACHE_T`` new ones
+    (ComfyUI 0.33's ``run_up`` pieces of two; 0.8's chunks of four, with
+    ``split_long_chunks``). No cached frame is copied into a buffer, and the next cache is the
+    last ``CACHE_T`` new frames (of ``prev ++ x`` and of ``x`` alike): in a piece of two, the
+    new frames themselves, so no tail is written either (``split_cache``).
     """
+    n_new = x.shape[2]
     if (not settings.split_cached_frames or not isinstance(prev, torch.Tensor)
-            or x.shape[2] != CACHE_T or pads(conv)[0] != CACHE_T
+            or n_new < CACHE_T or (n_new > CACHE_T and not settings.split_long_chunks)
+            or pads(conv)[0] != CACHE_T
             or prev.shape[2] != CACHE_T or prev.shape[:2] != x.shape[:2]
             or prev.shape[3:] != x.shape[3:] or prev.dtype != x.dtype or prev.device != x.device
             or not prev.is_contiguous(memory_format=CL3D)
@@ -431,20 +433,68 @@ def split_input_frames(conv, x: torch.Tensor, prev: torch.Tensor | None) -> torc
     return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
 
 
+def split_cache(new: torch.Tensor) -> torch.Tensor | None:
+    """What the conv reading ``new`` behind its cached frames (``split_input_frames``) caches
+    for the next chunk: ``new`` itself where it is ``CACHE_T`` frames; else an empty tensor
+    for its last ``CACHE_T`` frames, which the norm writes as its tail (``cache_from_norm``),
+    or None where that setting is off (the caller then clones them after the norm)."""
+    if new.shape[2] == CACHE_T:
+        return new
+    if not settings.cache_from_norm:
+        return None
+    shape = (*new.shape[:2], CACHE_T, *new.shape[3:])
+    return torch.empty(shape, dtype=new.dtype, device=new.device, memory_format=CL3D)
+
+
+def _conv2d_into(out: torch.Tensor, frames: torch.Tensor, weight: torch.Tensor, pad_h: int,
+                 pad_w: int) -> None:
+    """A bias-free stride-1 2-D conv of the channels-last ``frames`` written into ``out``, a
+    frame slice of a part: cuDNN writes there itself (its ``out=`` form takes the output's
+    strides); without cuDNN (the CPU) the result is copied in."""
+    cudnn = torch.backends.cudnn
+    if out.is_cuda and cudnn.enabled and cudnn.is_available():
+        torch.ops.aten.cudnn_convolution.out(
+            frames, weight, [pad_h, pad_w], [1, 1], [1, 1], 1, cudnn.benchmark,
+            cudnn.deterministic, cudnn.allow_tf32, out=out)
+    else:
+        out.copy_(F.conv2d(frames, weight, None, padding=(pad_h, pad_w)))
+
+
 def split_tap_parts(conv, prev: torch.Tensor, new: torch.Tensor, pad_h: int,
                     pad_w: int) -> list[torch.Tensor]:
-    """``tap_parts`` of the conv over ``prev ++ new`` (``CACHE_T`` frames each, see
-    ``split_input_frames``) without that buffer: the same two parts, each output frame the
-    same sums (tap 0 + tap 1, then tap 2)."""
+    """``tap_parts`` of the conv over ``prev ++ new`` (``CACHE_T`` cached frames and at least
+    as many new ones, see ``split_input_frames``) without that buffer, each output frame the
+    same sums.
+
+    A piece of ``CACHE_T`` new frames gives tap_parts' two parts (tap 0 + tap 1, then tap 2):
+    the middle tap reads one cached and one new frame, as two 1-frame convs added in. A longer
+    chunk gives one part per tap, as tap_parts does with ``three_tap_parts``: the runs of taps
+    0 and 1 each straddle the cached and the new frames, two convs written into one part by
+    cuDNN's ``out=`` form (no copy of the cached frames, no add)."""
     taps, cached_frames, new_frames = _tap_weights(conv), _frames(prev), _frames(new)
 
     def tap(k: int, frames: torch.Tensor) -> torch.Tensor:
         return F.conv2d(frames, taps[k], None, padding=(pad_h, pad_w))
 
-    first = tap(0, cached_frames)
-    first[:1] += tap(1, cached_frames[1:])
-    first[1:] += tap(1, new_frames[:1])
-    return [_as_video(first), _as_video(tap(2, new_frames))]
+    n_new = new_frames.shape[0]
+    if n_new == CACHE_T:
+        first = tap(0, cached_frames)
+        first[:1] += tap(1, cached_frames[1:])
+        first[1:] += tap(1, new_frames[:1])
+        return [_as_video(first), _as_video(tap(2, new_frames))]
+    height, width = new_frames.shape[2] + 2 * pad_h - 2, new_frames.shape[3] + 2 * pad_w - 2
+    parts = []
+    for k in range(CACHE_T):  # tap k's run: cached frames k.. and then the first new ones
+        n_cached = CACHE_T - k
+        part = torch.empty((n_new, taps[k].shape[0], height, width), dtype=new.dtype,
+                           device=new.device, memory_format=torch.channels_last)
+        _conv2d_into(part[:n_cached], cached_frames[k:], taps[k], pad_h, pad_w)
+        _conv2d_into(part[n_cached:], new_frames[:n_new - n_cached], taps[k], pad_h, pad_w)
+        parts.append(part)
+    if not settings.three_tap_parts:
+        parts[0] += parts.pop()
+    parts.append(tap(2, new_frames))
+    return [_as_video(p) for p in parts]
 
 
 def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
@@ -534,10 +584,14 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
         return stacked_parts(conv, buffer), cache
     new = split_input_frames(conv, x, prev)
     if new is not None:
-        norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new)
+        cache = split_cache(new) if keep else None
+        norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new,
+                  tail=None if cache is new else cache)
         inputs.clear()
         del x, addends
-        return split_tap_parts(conv, prev, new, *pads(conv)[1:]), new if keep else None
+        if keep and cache is None:
+            cache = new[:, :, -CACHE_T:].clone(memory_format=CL3D)
+        return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache
     inp, new, zeros = causal_input(conv, x, prev, writable=True)
     cache = cache_tail(inp, zeros, new, own) if keep else None
     norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new, tail=cache)
