@@ -109,13 +109,17 @@ def test_high_close_to_lossless(vaes, arch, shape):
 
 @pytest.mark.parametrize("arch,shape", [("wan21", (1, 16, 4, 3, 5)), ("wan22", (1, 48, 4, 3, 5))],
                          ids=["wan21-4-frames", "wan22-4-frames"])
-def test_blocks_read_cached_frames_in_place_in_this_trees_loop(vaes, arch, shape, monkeypatch):
+@pytest.mark.parametrize("three", [False, True], ids=["two-parts", "three-parts-in-pieces"])
+def test_blocks_read_cached_frames_in_place_in_this_trees_loop(vaes, arch, shape, three,
+                                                               monkeypatch):
     """``split_cached_frames`` in this tree's own decode loop, the 2-D taps forced on the CPU:
-    the residual blocks meet two new frames behind two cached ones (0.33's ``run_up`` pieces;
-    0.8's chunks after the first temporal upsample), read those in place, and high stays close
-    to lossless over four latent frames (later chunks read caches written that way)."""
+    the residual blocks meet new frames behind two cached ones (0.33's ``run_up`` pieces of
+    two, with either ``three_parts_in_pieces``; 0.8's chunks of four), read those in place,
+    and high stays close to lossless over four latent frames (later chunks read caches written
+    that way)."""
     from fast_vae_decode.fastpath.families.wan import ops as wan_ops
 
+    monkeypatch.setattr(wan_ops.settings, "three_parts_in_pieces", three)
     monkeypatch.setattr(wan_ops, "_as_2d_taps", lambda conv, inp: (
         inp.shape[0] == 1 and tuple(conv.kernel_size) == (3, 3, 3)))
     split, real = [], wan_ops.split_tap_parts

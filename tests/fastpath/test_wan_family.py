@@ -506,17 +506,19 @@ def test_split_tap_parts_are_the_assembled_inputs_tap_parts(monkeypatch):
         torch.testing.assert_close(sum_parts(got, conv.bias), reference, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("n_new", [3, 4, 5])  # 4: ComfyUI 0.8's chunks; 3 and 5: odd runs
+# 4: ComfyUI 0.8's chunks; 3 and 5: odd runs; 2: 0.33's pieces with ``three_parts_in_pieces``.
+@pytest.mark.parametrize("n_new", [2, 3, 4, 5])
 @pytest.mark.parametrize("three", [True, False], ids=["three-parts", "taps-0-1-summed"])
 def test_split_tap_parts_of_a_long_chunk_are_the_assembled_inputs_tap_parts(n_new, three,
                                                                             monkeypatch):
-    """More new frames than cached ones: taps 0 and 1 each read a run that straddles the cached
-    and the new frames (two convs written into one part), and the parts are those
-    ``tap_parts`` makes of the assembled buffer, with either ``three_tap_parts``."""
+    """New frames behind the cached ones, one part per tap: taps 0 and 1 each read a run that
+    straddles the cached and the new frames (convs written into one part), and the parts are
+    those ``tap_parts`` makes of the assembled buffer, with either ``three_tap_parts``."""
     from fast_vae_decode.fastpath.families.wan.ops import split_tap_parts, tap_parts
     from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
 
     monkeypatch.setattr(wan_ops.settings, "three_tap_parts", three)
+    monkeypatch.setattr(wan_ops.settings, "three_parts_in_pieces", True)
     gen = torch.Generator().manual_seed(6)
     conv = torch.nn.Conv3d(6, 5, 3)
     prev, new = (torch.randn(1, 6, t, 7, 9, generator=gen).contiguous(memory_format=CL3D)

@@ -83,13 +83,15 @@ def test_wan21_first_call_graph_replay_is_the_eager_decode(frames, monkeypatch):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("n_new,three", [(2, False), (4, False), (4, True)],
-                         ids=["0.33-pieces", "0.8-chunks", "0.8-chunks-three-parts"])
+@pytest.mark.parametrize("n_new,three", [(2, False), (2, True), (4, False), (4, True)],
+                         ids=["0.33-pieces", "0.33-pieces-three-parts", "0.8-chunks",
+                              "0.8-chunks-three-parts"])
 def test_split_tap_parts_at_480p_on_gpu(n_new, three, monkeypatch):
     """Wan 2.1's full-resolution 96-channel conv (bf16, cuDNN) over two cached and ``n_new``
     new frames of 480x832: the parts read in place are those of the assembled buffer, up to the
-    roundings of cuDNN's convs over other frame runs (four new frames: taps 0 and 1 written
-    into their parts by cuDNN's ``out=`` form)."""
+    roundings of cuDNN's convs over other frame runs (four new frames, or two with
+    ``three_parts_in_pieces``: taps 0 and 1 written into their parts by cuDNN's ``out=``
+    form)."""
     from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
 
     from fast_vae_decode.fastpath.families.wan import ops as wan_ops
@@ -97,6 +99,7 @@ def test_split_tap_parts_at_480p_on_gpu(n_new, three, monkeypatch):
     from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
 
     monkeypatch.setattr(wan_ops.settings, "three_tap_parts", three)
+    monkeypatch.setattr(wan_ops.settings, "three_parts_in_pieces", three)
     torch.manual_seed(0)
     conv = WanCausalConv3d(96, 96, 3, padding=1).to("cuda", torch.bfloat16)
     prev, new = (torch.randn(1, 96, t, 480, 832, device="cuda", dtype=torch.bfloat16)

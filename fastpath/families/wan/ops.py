@@ -466,18 +466,19 @@ def split_tap_parts(conv, prev: torch.Tensor, new: torch.Tensor, pad_h: int,
     as many new ones, see ``split_input_frames``) without that buffer, each output frame the
     same sums.
 
-    A piece of ``CACHE_T`` new frames gives tap_parts' two parts (tap 0 + tap 1, then tap 2):
-    the middle tap reads one cached and one new frame, as two 1-frame convs added in. A longer
-    chunk gives one part per tap, as tap_parts does with ``three_tap_parts``: the runs of taps
-    0 and 1 each straddle the cached and the new frames, two convs written into one part by
-    cuDNN's ``out=`` form (no copy of the cached frames, no add)."""
+    A piece of ``CACHE_T`` new frames gives two parts (tap 0 + tap 1, then tap 2): the middle
+    tap reads one cached and one new frame, as two 1-frame convs added in; with
+    ``three_parts_in_pieces``, as a longer chunk. A longer chunk gives one part per tap, as
+    tap_parts does with ``three_tap_parts``: the runs of taps 0 and 1 each straddle the cached
+    and the new frames, two convs written into one part by cuDNN's ``out=`` form (no copy of
+    the cached frames, no add)."""
     taps, cached_frames, new_frames = _tap_weights(conv), _frames(prev), _frames(new)
 
     def tap(k: int, frames: torch.Tensor) -> torch.Tensor:
         return F.conv2d(frames, taps[k], None, padding=(pad_h, pad_w))
 
     n_new = new_frames.shape[0]
-    if n_new == CACHE_T:
+    if n_new == CACHE_T and not settings.three_parts_in_pieces:
         first = tap(0, cached_frames)
         first[:1] += tap(1, cached_frames[1:])
         first[1:] += tap(1, new_frames[:1])
@@ -489,7 +490,8 @@ def split_tap_parts(conv, prev: torch.Tensor, new: torch.Tensor, pad_h: int,
         part = torch.empty((n_new, taps[k].shape[0], height, width), dtype=new.dtype,
                            device=new.device, memory_format=torch.channels_last)
         _conv2d_into(part[:n_cached], cached_frames[k:], taps[k], pad_h, pad_w)
-        _conv2d_into(part[n_cached:], new_frames[:n_new - n_cached], taps[k], pad_h, pad_w)
+        if n_new > n_cached:
+            _conv2d_into(part[n_cached:], new_frames[:n_new - n_cached], taps[k], pad_h, pad_w)
         parts.append(part)
     if not settings.three_tap_parts:
         parts[0] += parts.pop()

@@ -40,6 +40,11 @@ class WanSettings:
     # each conv's assembled input (~0.1 ms per conv at 480x832 on an H100, six convs a chunk).
     # Off: the assembled input, as before.
     split_long_chunks: bool = True
+    # ComfyUI 0.33's pieces of two new frames hand three parts as well (the middle tap's two
+    # 1-frame convs written into a part of its own by cuDNN's out= form) instead of adding that
+    # tap into tap 0's output with two torch adds (13.3 ms, 184 launches of an H100 Wan 2.1
+    # x33 decode on 0.33, docs/benchmark/s36/c). One more two-frame part alive at the conv.
+    three_parts_in_pieces: bool = False
     # A 2-D-taps conv (``ops.tap_parts``: Wan 2.1's 96 channels at full resolution, on an
     # assembled input) hands all three tap outputs to the pass that reads it next (the norm or
     # the residual add takes up to two addends), instead of summing taps 0 and 1 with a torch
