@@ -38,7 +38,10 @@ class WanSettings:
     # and 1 each read a run of cached and new frames, two convs written into one part by
     # cuDNN's out= form (``split_tap_parts``), instead of a copy of the two cached frames into
     # each conv's assembled input (~0.1 ms per conv at 480x832 on an H100, six convs a chunk).
-    # Off: the assembled input, as before.
+    # Interleaved against the assembled input (0.8, H100, 10 rounds, docs/benchmark/s37/b): Wan
+    # 2.1 x33 -1.6%, x81 -1.2%, quartiles apart on both; peak 3632 / 3638 MiB against 3756 /
+    # 3765 before (stock 3936 / 4052), PSNR against fp32 unchanged (48.7 dB). 0.33 does not
+    # meet such chunks at full resolution. Off: the assembled input, as before.
     split_long_chunks: bool = True
     # ComfyUI 0.33's pieces of two new frames hand three parts as well (the middle tap's two
     # 1-frame convs written into a part of its own by cuDNN's out= form) instead of adding that
