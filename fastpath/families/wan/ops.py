@@ -333,10 +333,8 @@ def tap_parts(conv, inp: torch.Tensor, pad_h: int, pad_w: int) -> list[torch.Ten
             # Two tap outputs alive where ``three_tap_parts`` is off. Three once put the fast
             # path's peak one full-resolution activation above stock's (+146 MiB, Wan 2.1
             # 480p); later sessions lowered the fast path's peak, and now three fit under it.
-            # With the blocks reading their cached frames in place (``split_tap_parts``) a
-            # third part, the middle tap written by cuDNN's out= form, fitted (2949 MiB against
-            # stock's 3095 on 0.33) but gained 0.6% on Wan 2.1 x33, inside the spread of ten
-            # interleaved rounds on either tree (H200, docs/benchmark/f037ac7): not taken.
+            # The blocks reading their cached frames in place (``split_tap_parts``) hand three
+            # parts too, with ``three_parts_in_pieces``.
             parts[0] += parts.pop()
     return [_as_video(p) for p in parts]
 

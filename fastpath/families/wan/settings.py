@@ -46,14 +46,21 @@ class WanSettings:
     # ComfyUI 0.33's pieces of two new frames hand three parts as well (the middle tap's two
     # 1-frame convs written into a part of its own by cuDNN's out= form) instead of adding that
     # tap into tap 0's output with two torch adds (13.3 ms, 184 launches of an H100 Wan 2.1
-    # x33 decode on 0.33, docs/benchmark/s36/c). One more two-frame part alive at the conv.
-    three_parts_in_pieces: bool = False
+    # x33 decode on 0.33, docs/benchmark/s36/c). One more two-frame part alive at the conv, which
+    # no longer sets the decode's peak (the joined call's pieces below full size do). Interleaved
+    # against the two parts (0.33, H100, 10 rounds, docs/benchmark/s37/c): Wan 2.1 x33 -1.9%,
+    # x81 -2.9%, quartiles apart on both; peak 3001 / 3006 MiB against 3000 / 3006 (stock 3095
+    # / 3208), PSNR against fp32 47.7 dB either way (stock 46.1 / 46.2). (At f037ac7, before
+    # the join, the same parts measured +0.6% inside the spread and raised the peak.)
+    # Off: the two torch adds, as before.
+    three_parts_in_pieces: bool = True
     # A 2-D-taps conv (``ops.tap_parts``: Wan 2.1's 96 channels at full resolution, on an
     # assembled input) hands all three tap outputs to the pass that reads it next (the norm or
     # the residual add takes up to two addends), instead of summing taps 0 and 1 with a torch
-    # add: two passes over a conv output fewer, one more of them alive at once. ComfyUI 0.8's
-    # steady four-frame chunks take this route; 0.33's two-frame pieces mostly read their cached
-    # frames in place (``split_tap_parts``, unchanged). The tap adds of both routes were 14.3 ms
+    # add: two passes over a conv output fewer, one more of them alive at once. This measured
+    # ComfyUI 0.8's four-frame chunks on assembled inputs (which now read their cached frames
+    # in place, ``split_long_chunks``, with the same parts); 0.33's two-frame pieces have a
+    # switch of their own (``three_parts_in_pieces``). The tap adds of both routes were 14.3 ms
     # (195 launches) of an H100 Wan 2.1 x33 decode on 0.33 (docs/benchmark/34207ac). The sums
     # change by one rounding fewer (the three taps meet in fp32). Interleaved against two parts
     # (H100, 8 rounds, docs/benchmark/s34 section 2): Wan 2.1 x33 / x81 -1.5 / -2.9% on 0.8,
