@@ -98,8 +98,8 @@ class WanSettings:
     # left the GPU waiting for the host (H100: through all 23 module calls of the first call and
     # 10 of the second on 0.8, docs/benchmark/s35/h; 0.33 waited 33 ms at 33 module calls,
     # docs/benchmark/s36). Open gate and a device Triton runs on only. A latent of up to three
-    # frames is then one call in 0.33's Wan 2.1 loop (two in a per-frame loop: 0.8's Wan 2.1,
-    # every Wan 2.2), whose frames are not streamed to the host.
+    # frames is then one call in 0.33's Wan 2.1 loop (two in a per-frame loop with
+    # ``join_per_frame``), whose frames are not streamed to the host.
     # Interleaved against off (H100, 8 rounds, docs/benchmark/s36/d, with ``join_pieces`` below):
     # 0.33 Wan 2.1 x33 -3.9% (quartiles apart), x81 -0.9%. Peaks stay under stock's: 0.33 3000
     # / 3005 MiB against 3095 / 3208 (s36/c). Per-frame loops join only with ``join_per_frame``.
@@ -107,7 +107,7 @@ class WanSettings:
     # The join in a per-frame loop too (0.8's Wan 2.1, every Wan 2.2, diffusers: the first two
     # latent frames in one call). Off: there it measured no gain, interleaved against the
     # unjoined decode (H100): 0.8 Wan 2.1 x33 / x81 +0.4 / -0.2% (s35/f), +0.5 / +0.7% and
-    # +0.8 / -0.9% (s37/first, s37/a: inside the spread); Wan 2.2 704p x33 +1.2% on 0.33 and
+    # +0.9 / -0.9% (s37/first, s37/a: inside the spread); Wan 2.2 704p x33 +1.2% on 0.33 and
     # +1.1% on 0.8, quartiles apart (s37/a): its one-frame calls already give the GPU more
     # work than the host needs to issue them.
     join_per_frame: bool = False
