@@ -482,13 +482,15 @@ def test_three_tap_parts_reach_the_norm_as_two_addends(models, kind, shape, monk
 
 
 def test_split_tap_parts_are_the_assembled_inputs_tap_parts(monkeypatch):
-    """Two cached frames read where they lie and two new frames (ComfyUI 0.33's steady pieces):
-    the same two parts ``tap_parts`` makes of the buffer ``causal_input`` would assemble (with
-    ``three_tap_parts`` off: the split route always sums taps 0 and 1)."""
+    """Two cached frames read where they lie and two new frames (ComfyUI 0.33's steady pieces)
+    with ``three_parts_in_pieces`` off: the middle tap added into tap 0's output, the same two
+    parts ``tap_parts`` makes (``three_tap_parts`` off) of the buffer ``causal_input`` would
+    assemble."""
     from fast_vae_decode.fastpath.families.wan.ops import split_tap_parts, tap_parts
     from fast_vae_decode.fastpath.video_ops import CL3D, sum_parts
 
     monkeypatch.setattr(wan_ops.settings, "three_tap_parts", False)
+    monkeypatch.setattr(wan_ops.settings, "three_parts_in_pieces", False)
     gen = torch.Generator().manual_seed(5)
     conv = torch.nn.Conv3d(6, 5, 3)
     prev, new = (torch.randn(1, 6, 2, 7, 9, generator=gen).contiguous(memory_format=CL3D)
