@@ -435,7 +435,8 @@ def split_cache(new: torch.Tensor) -> torch.Tensor | None:
     """What the conv reading ``new`` behind its cached frames (``split_input_frames``) caches
     for the next chunk: ``new`` itself where it is ``CACHE_T`` frames; else an empty tensor
     for its last ``CACHE_T`` frames, which the norm writes as its tail (``cache_from_norm``),
-    or None where that setting is off (the caller then clones them after the norm)."""
+    or None where that setting is off (the caller then clones them after the norm,
+    ``next_cache``)."""
     if new.shape[2] == CACHE_T:
         return new
     if not settings.cache_from_norm:
@@ -590,7 +591,7 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
         inputs.clear()
         del x, addends
         if keep and cache is None:
-            cache = new[:, :, -CACHE_T:].clone(memory_format=CL3D)
+            cache = next_cache(new, 0)
         return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache
     inp, new, zeros = causal_input(conv, x, prev, writable=True)
     cache = cache_tail(inp, zeros, new, own) if keep else None
