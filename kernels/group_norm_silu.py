@@ -49,6 +49,7 @@ import torch.nn.functional as F
 
 from .accepts import Accepts, autograd_reason, channels_last_4d, pow2, same_layout
 from .backend import launch, on_device, tl, triton
+from .silu import silu_f32, use_fast_silu
 
 # Tuning knobs for an H200 (bf16; registers as the H200's Triton 3.6 compiled them for sm_90,
 # docs/benchmark/s33): a 4096-element stats tile with 4 warps takes 127-128 registers per
@@ -158,6 +159,7 @@ class GroupNormSiLUConfig(NamedTuple):
     stats_maxnreg: int | None = None  # pass 1's register cap per thread (None: ptxas decides)
     apply_prefetch: bool = False  # pass 3 loads tile t + 1 before it uses tile t
     stats_prefetch_residual: bool = True  # stats_prefetch also where a residual is read
+    fast_silu: bool = False  # the apply pass's SiLU in its MUFU form (``kernels.silu``)
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,10 +178,12 @@ def _sm_count(device: torch.device) -> int:
 
 @functools.lru_cache(maxsize=512)
 def group_norm_silu_config(
-    n: int, c: int, hw: int, num_groups: int, sm_count: int, prefetch: str | None = None
+    n: int, c: int, hw: int, num_groups: int, sm_count: int, prefetch: str | None = None,
+    fast_silu: bool = False,
 ) -> GroupNormSiLUConfig:
     """The default launch parameters for an (n, c, h*w) problem on a GPU with ``sm_count`` SMs;
-    ``prefetch``: a ``PREFETCH_MODES`` name (None: ``PREFETCH``)."""
+    ``prefetch``: a ``PREFETCH_MODES`` name (None: ``PREFETCH``); ``fast_silu``: SiLU's MUFU
+    form where the device takes it (``kernels.silu``)."""
     mode = PREFETCH_MODES[PREFETCH if prefetch is None else prefetch]
     apply_per_sm = APPLY_PREFETCH_PROGRAMS_PER_SM if mode.get("apply_prefetch") else \
         APPLY_PROGRAMS_PER_SM
@@ -206,6 +210,7 @@ def group_norm_silu_config(
         finalize_block_s=FINALIZE_BLOCK_S,
         finalize_warps=4,
         stats_maxnreg=STATS_MAXNREG,
+        fast_silu=bool(fast_silu),
         **mode,
     )
 
@@ -313,7 +318,13 @@ def add_bias_residual_group_stats_(
     part_mean, part_m2 = ws[:plan.parts], ws[plan.parts:]
     _launch_stats(out, bias, residual, part_mean, part_m2, num_groups, config, plan,
                   write_sum=True)
-    return GroupStats((n, c, h * w, num_groups, config), part_mean, part_m2)
+    return GroupStats(_stats_problem(n, c, h * w, num_groups, config), part_mean, part_m2)
+
+
+def _stats_problem(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLUConfig) -> tuple:
+    """What handed-over statistics must match: the problem and the plan, less the SiLU form
+    (the apply pass's alone, so a norm with either form takes statistics taken without it)."""
+    return (n, c, hw, num_groups, config._replace(fast_silu=False))
 
 
 def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, plan,
@@ -346,6 +357,7 @@ def group_norm_silu(
     config: GroupNormSiLUConfig | None = None,
     stats: GroupStats | None = None,
     prefetch: str | None = None,
+    fast_silu: bool = False,
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
     module's note); a new channels-last tensor of x.dtype.
@@ -355,7 +367,8 @@ def group_norm_silu(
     The caller vouches that x has not changed since. Returns None when
     ``group_norm_silu_unsupported`` gives a reason: the caller falls back to the stock module.
     ``config`` overrides the heuristic; ``prefetch`` names the heuristic's ``PREFETCH_MODES``
-    entry (None: ``PREFETCH``).
+    entry (None: ``PREFETCH``); ``fast_silu`` asks the heuristic for SiLU's MUFU form. Neither
+    changes the statistics, so handed-over ones match either form.
     """
     if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
         return None
@@ -363,7 +376,8 @@ def group_norm_silu(
     hw = h * w
     cpg = c // num_groups
     if config is None:
-        config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device), prefetch)
+        config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device), prefetch,
+                                        fast_silu)
     plan = _launch_plan(n, c, hw, num_groups, config)
     splits, pix_per_program = plan.splits, plan.pix_per_program
     apply_tiles_per_program = plan.apply_tiles_per_program
@@ -373,7 +387,7 @@ def group_norm_silu(
     bias = None if bias is None else bias.contiguous()
     input_bias = None if input_bias is None else input_bias.contiguous()
     if stats is not None and (input_bias is not None or stats.part_mean.device != x.device
-                              or stats.problem != (n, c, hw, num_groups, config)):
+                              or stats.problem != _stats_problem(n, c, hw, num_groups, config)):
         stats = None  # taken for another problem or plan (or x + input_bias was asked)
     # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits] (unless
     # handed over), then the per-channel scale and shift [n, C]; each piece starts 16-byte
@@ -410,7 +424,8 @@ def group_norm_silu(
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
             x, out, scale, shift, hw, apply_tiles_per_program, int(bool(silu)),
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c),
-            PREFETCH=bool(config.apply_prefetch), num_warps=config.apply_warps,
+            PREFETCH=bool(config.apply_prefetch),
+            FAST_SILU=use_fast_silu(config.fast_silu, x.device), num_warps=config.apply_warps,
         )
     return out
 
@@ -601,6 +616,7 @@ if triton is not None:
     def _group_norm_apply_kernel(
         x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr,
+        FAST_SILU: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n = tl.program_id(1)
@@ -630,7 +646,7 @@ if triton is not None:
                                  & (t + 1 < TILES_PER_PROGRAM), other=0.0)
                 y = x * scale + shift
                 if silu != 0:
-                    y = y * tl.sigmoid(y)
+                    y = silu_f32(y, FAST_SILU)
                 tl.store(yp + tile, y.to(y_ptr.dtype.element_ty), mask=mask)
                 xp += BLOCK_P * C
                 yp += BLOCK_P * C
@@ -641,6 +657,6 @@ if triton is not None:
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
                 y = x * scale + shift
                 if silu != 0:
-                    y = y * tl.sigmoid(y)
+                    y = silu_f32(y, FAST_SILU)
                 tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
                 offs += BLOCK_P * C

@@ -55,6 +55,7 @@ from .accepts import (
     same_layout,
 )
 from .backend import launch, on_device, tl, triton
+from .silu import silu_f32, use_fast_silu
 from .stacked_taps import TAPS, fill_stacked_
 
 # One tile holds every channel of a pixel; beyond this a tile would need a loop over C.
@@ -343,8 +344,8 @@ if triton is not None:
             y = y + b[None, :]
         else:
             y = y + bias_scalar
-        if SILU:
-            y = y * tl.sigmoid(y)
+        if SILU != 0:
+            y = silu_f32(y, SILU == 2)
         y = y.to(out_ptr.dtype.element_ty)
         if OUT_STRIDED:
             # int32 pixel coordinates (the host keeps pixels per sample under 2**31): int64
@@ -446,7 +447,7 @@ if triton is not None:
         HAS_GAMMA: tl.constexpr,
         MEAN_EPS: tl.constexpr,
         HAS_BIAS: tl.constexpr,
-        SILU: tl.constexpr,
+        SILU: tl.constexpr,  # 0 none, 1 the library's form, 2 the MUFU form (``kernels.silu``)
         BLOCK_P: tl.constexpr,
         BLOCK_C: tl.constexpr,
         SPLIT: tl.constexpr,  # 1, or 3: channels = 3 * BLOCK_C, three unmasked column tiles
@@ -502,7 +503,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
 
 def rms_norm_silu(
     x, gamma, bias, eps=1e-12, silu=True, *, addends=(), in_bias=None, out=None, mean_eps=False,
-    out_border=0, tail=None, stacked=None, stacked_first=0,
+    out_border=0, tail=None, stacked=None, stacked_first=0, fast_silu=False,
 ) -> torch.Tensor | None:
     """Fused RMS norm (+ SiLU) of a channels-last 4-D / channels-last-3d 5-D tensor
     (``mean_eps``: the pixel norm; ``gamma`` None: no scale).
@@ -518,6 +519,7 @@ def rms_norm_silu(
     tensor of the last K frames' shape, written with them. ``stacked``: instead of ``out``, a
     (T, 3C, H, W) channels-last conv input of ``stacked_taps``, which gets frame i of a 5-D
     batch-1 result (sequence frame ``stacked_first + i``) in every slot it feeds; returned.
+    ``fast_silu``: SiLU's MUFU form where the device takes it (``kernels.silu``).
     """
     reason = rms_norm_silu_unsupported(x, gamma, bias, addends=addends, in_bias=in_bias, out=out,
                                        out_border=out_border, tail=tail, stacked=stacked,
@@ -577,7 +579,7 @@ def rms_norm_silu(
         "HAS_GAMMA": gamma is not None,
         "MEAN_EPS": bool(mean_eps),
         "HAS_BIAS": has_bias,
-        "SILU": bool(silu),
+        "SILU": (2 if use_fast_silu(fast_silu, x.device) else 1) if silu else 0,
         "BLOCK_P": block_p,
         "BLOCK_C": block_c,
         "SPLIT": split,

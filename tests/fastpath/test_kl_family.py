@@ -552,3 +552,34 @@ def test_channels_last_convs_get_channels_last_weights(tiny, monkeypatch, kept):
     out, stats = _decode(model, z, is_open=True)
     assert stats.fallbacks == {} and calls and all(c is kept for c in calls)
     assert _rel_err(out, expected) < REL_TOL
+
+
+def test_fast_silu_setting_reaches_every_apply_pass_and_keeps_handed_statistics(tiny,
+                                                                                 monkeypatch):
+    """``fast_silu``: every apply pass of the decode asks for SiLU's MUFU form, the norms
+    after a residual add still take its handed statistics (they were taken without asking for
+    a form), and where the form cannot compile (here: the interpreter) the bits are the
+    default's."""
+    from fast_vae_decode.kernels import group_norm_silu as gns
+
+    model, _, z, _, _ = tiny
+    default, _ = _decode(model, z, is_open=True)
+    real_use, asked = gns.use_fast_silu, []
+    monkeypatch.setattr(gns, "use_fast_silu", lambda wanted, device: (
+        asked.append(wanted), real_use(wanted, device))[1])
+    real_take, taken = kl_ops.take_handed_stats, []
+    monkeypatch.setattr(kl_ops, "take_handed_stats",
+                        lambda x: (lambda s: (taken.append(s is not None), s)[1])(real_take(x)))
+    monkeypatch.setattr(kl_settings.settings, "fast_silu", True)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and torch.equal(out, default)
+    assert asked and all(asked)
+    # A statistics pass is skipped only where the statistics were used, not just handed over.
+    real_stats, own = gns._launch_stats, []
+    monkeypatch.setattr(gns, "_launch_stats", lambda *a, **k: (
+        own.append(k["write_sum"]), real_stats(*a, **k))[1])
+    taken.clear()
+    asked.clear()
+    _decode(model, z, is_open=True)
+    assert any(taken) and own.count(True) >= sum(taken) >= 1
+    assert own.count(False) + sum(taken) == len(asked)

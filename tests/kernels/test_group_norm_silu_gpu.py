@@ -86,3 +86,24 @@ def test_gpu_offsets_beyond_int32():
             ref = group_norm_silu_reference(x[:, cs], weight[cs], bias[cs], step, EPS)
             torch.testing.assert_close(y[:, cs], ref, rtol=rtol, atol=atol)
             del ref
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dtype", [((1, 128, 1024, 1024, 32), torch.bfloat16),
+                                         ((2, 256, 256, 256, 32), torch.float16),
+                                         ((1, 320, 64, 64, 32), torch.float32)],
+                         ids=["128x1024", "2x256x256-fp16", "320x64-fp32"])
+def test_gpu_fast_silu_matches_reference(shape, dtype):
+    """SiLU's MUFU form (``kernels.silu``) within the library form's tolerance of the
+    reference, and at most one rounding step of the output dtype from the library form."""
+    n, c, h, w, g = shape
+    x = _input(n, c, h, w, dtype, device="cuda", mean=-3.0, seed=7)  # many SiLU tails
+    weight, bias = _affine(c, device="cuda", dtype=dtype)
+    with torch.inference_mode():
+        fast = group_norm_silu(x, weight, bias, g, EPS, fast_silu=True)
+        exact = group_norm_silu(x, weight, bias, g, EPS)
+        ref = group_norm_silu_reference(x, weight, bias, g, EPS)
+    rtol, atol = GPU_TOL[dtype]
+    torch.testing.assert_close(fast.float(), ref.float(), rtol=rtol, atol=atol)
+    step = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-6}[dtype]
+    torch.testing.assert_close(fast.float(), exact.float(), rtol=step, atol=1e-6)

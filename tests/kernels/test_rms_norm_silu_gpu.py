@@ -127,3 +127,21 @@ def test_cuda_stacked_conv_input_at_real_sizes(frames_out, h, w):
         got = stacked[lo + 2 - k:hi + 2 - k, 96 * k:96 * (k + 1)].permute(1, 0, 2, 3)
         torch.testing.assert_close(got, ref[0, :, lo:hi], rtol=2**-7, atol=1e-5)
     assert not stacked[:2, :96].any() and not stacked[:1, 96:192].any()  # the cached frames' slots
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape,dtype", [CUDA_CASES[0], CUDA_CASES[3], CUDA_CASES[4]])
+def test_cuda_fast_silu_matches_reference(shape, dtype):
+    """SiLU's MUFU form (``kernels.silu``) within the library form's tolerance of the
+    reference, with inputs reaching far into SiLU's negative tail."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    x = _channels_last((3 * torch.randn(shape, generator=gen, device="cuda") - 2).to(dtype))
+    channels, ndim = shape[1], len(shape)
+    gamma = (4.0 * torch.randn(channels, generator=gen, device="cuda")).reshape(
+        (channels,) + (1,) * (ndim - 2))
+    bias = -2.0 + torch.randn_like(gamma)
+    out = rms_norm_silu(x, gamma, bias, fast_silu=True)
+    assert out is not None and torch.isfinite(out).all()
+    ref = rms_norm_silu_reference(x, gamma, bias)
+    rtol = {torch.float32: 1e-5, torch.float16: 2**-10, torch.bfloat16: 2**-7}[dtype]
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=1e-5)

@@ -252,7 +252,7 @@ class FusedGroupNormSiLU(FusedModule):
         stats = take_handed_stats(x)
         y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu,
                             input_bias=input_bias, stats=stats,
-                            prefetch=settings.group_norm_prefetch)
+                            prefetch=settings.group_norm_prefetch, fast_silu=settings.fast_silu)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
                 group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)))

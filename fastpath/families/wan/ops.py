@@ -165,12 +165,14 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
     if stacked is not None:
         buffer, first = stacked
         y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu, addends=addends, in_bias=in_bias,
-                          tail=tail, stacked=buffer, stacked_first=first)
+                          tail=tail, stacked=buffer, stacked_first=first,
+                          fast_silu=settings.fast_silu)
         if y is not None:
             return y
         return fill_stacked_(buffer, norm_silu(norm, x, silu, addends=addends, in_bias=in_bias,
                                                tail=tail), first)
-    kw = {"silu": silu, "addends": addends, "in_bias": in_bias, "out": out}
+    kw = {"silu": silu, "addends": addends, "in_bias": in_bias, "out": out,
+          "fast_silu": settings.fast_silu}
     y = rms_norm_silu(x, norm.gamma, norm.bias, **kw, tail=tail)
     if y is None and tail is not None:
         y = rms_norm_silu(x, norm.gamma, norm.bias, **kw)
@@ -180,7 +182,7 @@ def norm_silu(norm: torch.nn.Module, x: torch.Tensor, silu: bool = True, *,
         return y
     if addends or in_bias is not None:
         x = sum_parts([x.clone()] + list(addends), in_bias)
-    y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu)
+    y = rms_norm_silu(x, norm.gamma, norm.bias, silu=silu, fast_silu=settings.fast_silu)
     if y is None:
         raise RuntimeError("rms_norm_silu declined: "
                            + str(rms_norm_silu_unsupported(x, norm.gamma, norm.bias)))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ....kernels.silu import FAST_SILU
+
 
 @dataclass
 class WanSettings:
@@ -76,6 +78,8 @@ class WanSettings:
     # 2.1 x33 +0.7 / +0.3% and Wan 2.2 +0.5 / +0.1%, inside their spreads (their first chunk
     # is host-bound: the GPU waits for its launches either way).
     single_frame_2d: bool = True
+    # The RMS norms' SiLU in its MUFU form (``kernels.silu``), as the KL wing's ``fast_silu``.
+    fast_silu: bool = FAST_SILU
     # A residual block's 3x3x3 convs at the measured shapes (``ops.STACKED_TAPS_MIN_PIXELS``:
     # Wan 2.1's 384-channel convs from 120x208) as one 2-D conv over a channel-stacked input
     # that the norm before it writes (``kernels.stacked_taps``), instead of cuDNN's conv3d.
