@@ -94,6 +94,10 @@ class KLSettings:
     # The GroupNorm apply pass's SiLU in its MUFU form (``kernels.silu``: ex2 and rcp without
     # the denormal fix-ups, ~15 -> ~8 instructions per element) instead of ``tl.sigmoid``'s.
     # Where the device cannot compile it (interpreter, ROCm) the library form runs either way.
+    # Off: on an H100 the whole norm moved -0.7 to -1.1% alone (2.80 -> 2.83 TB/s at 128 x
+    # 2048², ``silu_lab``) and decodes interleaved 8 rounds moved -1.4 to +0.2%, inside their
+    # quartiles (docs/benchmark/s38/b): the pass is not instruction-bound there. The H200 has
+    # 43% more bandwidth per instruction issued; not measured on it yet.
     fast_silu: bool = FAST_SILU
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5

@@ -78,7 +78,11 @@ class WanSettings:
     # 2.1 x33 +0.7 / +0.3% and Wan 2.2 +0.5 / +0.1%, inside their spreads (their first chunk
     # is host-bound: the GPU waits for its launches either way).
     single_frame_2d: bool = True
-    # The RMS norms' SiLU in its MUFU form (``kernels.silu``), as the KL wing's ``fast_silu``.
+    # The RMS norms' SiLU in its MUFU form (``kernels.silu``), as the KL wing's ``fast_silu``
+    # (sm_90a SASS of the 96-channel norm: 832 -> 664 instructions). Off: on an H100 the norm
+    # alone moved -5.2% at Wan 2.2's 160 x 704x1280 and -0.2 to +4.5% at Wan 2.1's sizes; Wan
+    # 2.1 x33 interleaved 8 rounds -0.3 / -0.5% (0.33 / 0.8), inside the quartiles
+    # (docs/benchmark/s38/b). Not measured on the H200 yet.
     fast_silu: bool = FAST_SILU
     # A residual block's 3x3x3 convs at the measured shapes (``ops.STACKED_TAPS_MIN_PIXELS``:
     # Wan 2.1's 384-channel convs from 120x208) as one 2-D conv over a channel-stacked input
