@@ -6,12 +6,14 @@ denormals (a compare, a select and a multiply around each), plus the scaling mul
 GroupNorm apply pass then spends about 15 instructions per element (632 SASS instructions per
 32-element thread tile at C=128, Triton 3.8, ptxas for sm_90a): at the H200's 4.8 TB/s a
 pass of 2 bytes in and 2 out per element needs ~3.8 elements per clock per SM, which that
-makes ~1.8 of the 4 warp instructions an SM issues per clock, and half its MUFU rate.
+makes ~1.8 of the 4 warp instructions an SM issues per clock, and half its MUFU rate. Whether
+that limits a pass is measured by the families (their ``fast_silu`` settings: off, since on an
+H100 the norms were bandwidth-bound and moved about 1%).
 
 The fast form issues the two approximations with flush-to-zero and nothing around them:
-``y * rcp(1 + ex2(-y * log2(e)))``, about four instructions (the apply pass: 408 per tile).
+``y * rcp(1 + ex2(-y * log2(e)))``, five instructions (the apply pass: 408 per tile).
 What it gives up: results that the exact form would return as fp32 denormals come out as zero
-(``silu(y)`` for y < -87, where the true value is below 1e-36 in magnitude) and ``rcp.approx``
+(``silu(y)`` for y < -87.3, where the true value is about 1e-36 in magnitude or less) and ``rcp.approx``
 is within 1 ulp where ``div.full`` is within 2; both far below bf16's rounding step. ``1 + e``
 is at least 1, so the reciprocal never meets a denormal or zero; e = inf (y < -88.7) gives
 -0, the sign of the exact limit.
