@@ -11,12 +11,12 @@ that limits a pass is measured by the families (their ``fast_silu`` settings: of
 H100 the norms were bandwidth-bound and moved about 1%).
 
 The fast form issues the two approximations with flush-to-zero and nothing around them:
-``y * rcp(1 + ex2(-y * log2(e)))``, five instructions (the apply pass: 408 per tile).
-What it gives up: results that the exact form would return as fp32 denormals come out as zero
-(``silu(y)`` for y < -87.3, where the true value is about 1e-36 in magnitude or less) and ``rcp.approx``
-is within 1 ulp where ``div.full`` is within 2; both far below bf16's rounding step. ``1 + e``
-is at least 1, so the reciprocal never meets a denormal or zero; e = inf (y < -88.7) gives
--0, the sign of the exact limit.
+``y * rcp(1 + ex2(-y * log2(e)))``, five instructions (the apply pass: 408 per tile). What it
+gives up: results that the exact form would return as fp32 denormals come out as zero
+(``silu(y)`` for y < -87.3, where the true value is about 1e-36 in magnitude or less), and
+``rcp.approx`` is within 1 ulp where ``div.full`` is within 2; both far below bf16's rounding
+step. ``1 + e`` is at least 1, so the reciprocal never meets a denormal or zero; e = inf
+(y < -88.7) gives -0, the sign of the exact limit.
 
 Inline PTX runs on NVIDIA GPUs only: not under ``TRITON_INTERPRET`` and not on ROCm
 (``fast_silu_reason``). Kernels take the form as a constexpr, so each form is its own variant.
