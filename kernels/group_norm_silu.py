@@ -323,8 +323,9 @@ def add_bias_residual_group_stats_(
 
 def _stats_problem(n: int, c: int, hw: int, num_groups: int, config: GroupNormSiLUConfig) -> tuple:
     """What handed-over statistics must match: the problem and the plan, less the SiLU form
-    (the apply pass's alone, so a norm with either form takes statistics taken without it)."""
-    return (n, c, hw, num_groups, config._replace(fast_silu=False))
+    (the apply pass's alone, so a norm with either form takes statistics taken without it). The
+    plan itself where it has no form to drop: this runs twice per norm on the host."""
+    return (n, c, hw, num_groups, config._replace(fast_silu=False) if config.fast_silu else config)
 
 
 def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, plan,
