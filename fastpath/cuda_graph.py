@@ -232,12 +232,12 @@ def graph_bytes(model: torch.nn.Module) -> int:
     return sum(graphs.pool_bytes + graphs.copy_bytes() for graphs in kept_values(model, _ENTRY))
 
 
-def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
-             copies: bool = True) -> tuple[tuple | None, str | None]:
+def _weights(state: _Graphs, module: torch.nn.Module,
+             x: torch.Tensor) -> tuple[tuple | None, str | None]:
     """Fetch every weight under ``module`` into the open scope, those ComfyUI placed replaced by
-    their kept copies where ``copies`` (``_use_copies``): (the addresses the decode reads, None), or
-    (None, why) when a module's cannot be fetched as tensors that outlive the call (streamed,
-    cast per call, patched)."""
+    their kept copies (``_use_copies``): (the addresses the decode reads, None), or (None, why)
+    when a module's cannot be fetched as tensors that outlive the call (streamed, cast per
+    call, patched)."""
     read, placed = [], []
     for m in _weighted_modules(module):
         reason, tensors, stable = call_tensors(m, x)
@@ -246,7 +246,7 @@ def _weights(state: _Graphs, module: torch.nn.Module, x: torch.Tensor,
         if reason is not None:
             name = next((n for n, sub in module.named_modules() if sub is m), "")
             return None, f"{name or type(m).__name__}: {reason}"
-        if copies and placed_by_comfyui(m):
+        if placed_by_comfyui(m):
             placed.append((m, tensors))
         read.append((m, tensors))
     if placed:
@@ -387,13 +387,18 @@ def graphed_call(module: torch.nn.Module, x: torch.Tensor, run: Run, key: tuple,
 
 def _call(state: _Graphs, module, gate, x, run: Run, key: tuple):
     state.just_seen = None
+    if key in state.refused and not state.captured:
+        # A shape refused a graph, with none kept, decodes eagerly for good: no copies and no
+        # fingerprint. Each block then fetches its own weights as it runs, so the first kernels
+        # launch at once; fetching all of them first kept the GPU waiting for the host (SDXL
+        # 2048² on an H100, whose pool budget refuses that shape: 1.8 ms before conv_in, 2.7
+        # ms idle in the decode's first tenth, docs/benchmark/s39).
+        state.copies.clear()
+        state.last = "refused for this shape"
+        return run(x)
     with weights_for_call():
-        # A shape refused a graph, with none kept, decodes eagerly for good: no copies for it.
-        copies = bool(state.captured) or key not in state.refused
-        if not copies:
-            state.copies.clear()
         ahead = _replay_ahead(state, x, key)
-        weights, why = _weights(state, module, x, copies)
+        weights, why = _weights(state, module, x)
         if ahead is not None:
             hit, out, _held = ahead  # ``_held``: alive until the check has decided
             if weights is not None and weights == hit.weights and hit.generation == generation():

@@ -425,6 +425,7 @@ class _Slots:
 
     def __init__(self, model, monkeypatch, events=None):
         self.real, self.faults, self.open, self.slotted, self.forced = {}, 0, 0, [], []
+        self.most_open = 0  # the most slots pinned at once
         self.events = [] if events is None else events
         ops = types.ModuleType("comfy.ops")
 
@@ -473,6 +474,7 @@ class _Slots:
         weight, bias = s.__dict__["_v_weight"], s.__dict__["_v_bias"]
         if offloadable:
             self.open += 1
+            self.most_open = max(self.most_open, self.open)
             return weight, bias, ("slot",)
         return weight, bias
 
@@ -624,3 +626,19 @@ def test_a_shape_refused_a_graph_keeps_no_copies(model, standin, slots):
         _high(model, z)
     assert standin.captures == 1 and standin.replays == 0
     assert cuda_graph.graph_bytes(model) == 0 and slots.open == 0
+
+
+def test_a_shape_refused_a_graph_fetches_each_blocks_weights_as_it_runs(model, standin, slots):
+    """Nothing needs every weight before an eager decode of a refused shape starts: each block
+    fetches its own (and gives its slots back) as it runs, so the first kernels are issued
+    before the last weights are fetched, not after all of them."""
+    standin.budget = standin.pool_bytes
+    z = _latent()
+    _high(model, z)
+    _high(model, z)  # the capture, not kept
+    slots.most_open = 0
+    out, _, fallbacks = _high(model, z)
+    assert cuda_graph.graph_status(model) == ["refused for this shape"] and fallbacks == {}
+    assert standin.captures == 1 and standin.replays == 0
+    assert 0 < slots.most_open < len(slots.slotted) and slots.open == 0
+    assert torch.equal(out, _eager(model, z))
