@@ -81,6 +81,8 @@ MAX_GRAPHS = 2
 # (an H200's 1/16 is 8.8 GB; a 24 GB card's 1.5 GB, about one SDXL 1024² decode).
 MAX_POOL_FRACTION = 1 / 16
 _ENTRY = "cuda_graphs"
+# ``graph_status`` of a decode whose shape decodes eagerly for good (``_Graphs.refused``).
+REFUSED = "refused for this shape"
 
 Run = Callable[[torch.Tensor], object]
 
@@ -394,7 +396,7 @@ def _call(state: _Graphs, module, gate, x, run: Run, key: tuple):
         # 2048² on an H100, whose pool budget refuses that shape: 1.8 ms before conv_in, 2.7
         # ms idle in the decode's first tenth, docs/benchmark/s39).
         state.copies.clear()
-        state.last = "refused for this shape"
+        state.last = REFUSED
         return run(x)
     with weights_for_call():
         ahead = _replay_ahead(state, x, key)
@@ -526,7 +528,7 @@ def _replay_or_capture(state: _Graphs, module, gate, x, run: Run, key, weights):
             state.pool, state.pool_bytes = None, 0  # no user left: the pool is dead (note)
     seen = state.seen.get(key)
     if key in state.refused or seen != (weights, generation()):
-        state.last = ("refused for this shape" if key in state.refused else
+        state.last = (REFUSED if key in state.refused else
                       "first decode of this shape" if seen is None else
                       "weights moved since the last decode" if seen[0] != weights else
                       "folds built or dropped since the last decode")
