@@ -1,5 +1,6 @@
 """The per-conv benchmark: every distinct convolution of the bench cases' decoders, timed as the
-fused path runs it on cuDNN against the pack's own ``implicit_gemm_conv``.
+fused path runs it on cuDNN against the pack's own ``implicit_gemm_conv`` (and, for 2-D 3x3
+convs, ``winograd_conv``: F(4x4, 3x3) with its 36 products on cuBLAS).
 
 Shapes are collected with forward hooks on the diffusers decoders of each case's architecture,
 built and run on the meta device (no memory, no arithmetic: seconds per case), so the list
@@ -420,14 +421,21 @@ def narrow_supported(shape: ConvShape) -> bool:
 
 @dataclass(frozen=True)
 class Variant:
-    """One Triton way to run a shape: ``op`` (``implicit_gemm_conv`` or ``narrow_conv``) at a
-    tiling (for ``narrow_conv``, its tap-products GEMM's)."""
+    """One Triton way to run a shape: ``op`` (``implicit_gemm_conv``, ``narrow_conv`` or
+    ``winograd_conv``) at a tiling (for ``narrow_conv``, its tap-products GEMM's; for
+    ``winograd_conv``, its two transforms')."""
 
     op: str
     config: Any
 
     def __str__(self) -> str:
         return f"{self.op} {self.config or 'default'}"
+
+
+def winograd_supported(shape: ConvShape) -> bool:
+    """``winograd_conv`` computes this shape: a channels-last 2-D 3x3 conv with padding 1."""
+    return (shape.route == "conv2d" and tuple(shape.kernel) == (3, 3)
+            and tuple(shape.padding) == (1, 1))
 
 
 def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
@@ -455,6 +463,11 @@ def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
                         for c in igc.NARROW_SWEEP_CONFIGS
                         if c.block_k <= max(16, pow2(k)) and (frames or not c.time_inner)]
         out += [Variant("narrow_conv", c) for c in dict.fromkeys(tilings)]
+    if winograd_supported(shape):
+        from ..kernels import winograd_conv as wc
+
+        launches = [wc.LAUNCHES] + (list(wc.SWEEP_LAUNCHES) if sweep else [])
+        out += [Variant("winograd_conv", c) for c in dict.fromkeys(launches)]
     return out
 
 
@@ -463,6 +476,12 @@ def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dic
     from ..kernels.implicit_gemm_conv import implicit_gemm_conv, pack_conv_weight
     from ..kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 
+    if variant.op == "winograd_conv":
+        from ..kernels.winograd_conv import winograd_conv, winograd_weight
+
+        if "winograd" not in packs:
+            packs["winograd"] = winograd_weight(weight)
+        return functools.partial(winograd_conv, x, packs["winograd"], bias, launches=variant.config)
     if variant.op == "narrow_conv":
         if "narrow" not in packs:
             packs["narrow"] = pack_narrow_conv_weight(weight)

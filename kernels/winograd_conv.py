@@ -8,13 +8,15 @@ tile and output channel (``M``), and 16 outputs come back out of them. It pays w
 are many (the matrix products dominate): SDXL's 512- and 256-channel stages, where cuDNN's
 direct convolution is already near the tensor cores' rate and nothing but fewer FLOPs is left.
 
-Numbers (what must hold for the result to stay at least as close to fp32 as a bf16 direct
-conv; measured on CPU in float64 against the fp32 conv, seeded SiLU'd activations, weights of
-std 1/sqrt(9 Cin), output rounded to bf16 in every case, 128-512 channels):
-- bf16 direct conv: 64.4-65.4 dB;
-- V and U in fp16, M in fp32: 62.5-63.6 dB; M in fp16: 61.4-62.4 dB;
-- V and U in bf16: 46.8-47.9 dB (the transform's coefficients up to 5 and 25 after both
-  sides cost bf16's 8 bits too much): so fp16, never bf16, for the matrix products' inputs.
+Accuracy (CPU, float64 sums, against the fp32 conv of fp32 SiLU'd activations with weights of
+std 1/sqrt(9 Cin), every output rounded to bf16; 64-512 channels, one conv):
+- bf16 direct conv (bf16 input and weight): 63.5-65.4 dB;
+- V and U in fp16, M in fp32, from the same bf16 input: 60.8-62.7 dB (about 1.4x the direct
+  conv's RMS error); from the fp32 input (a transform fused behind the norm): 61.6-63.6 dB;
+  M in fp16 instead costs about 1 dB more;
+- V and U in bf16: 46.8-47.9 dB (the transform's coefficients, up to 5 and 25 after both
+  sides, cost bf16's 8 bits too much): so fp16, never bf16, for the products' inputs;
+- F(2x2, 3x3) (2.25x fewer products, not 4x) with fp16 V matches the direct conv (63.4-65.3).
 fp16's range is the risk bf16 does not have: V's entries are sums of up to 100 times an input
 (|B^T|'s rows sum to at most 10, on both sides), so inputs past about 650 would overflow.
 ``winograd_conv`` is meant for normalised activations (GroupNorm + SiLU in front), and every
@@ -138,14 +140,33 @@ def _matmul_fp32(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 class WinogradLaunch(NamedTuple):
-    """Tile of the input and output kernels: BLOCK_T tiles x BLOCK_C channels per program."""
+    """Tile of the input or output kernel: BLOCK_T tiles x BLOCK_C channels per program."""
 
     block_t: int = 8
     block_c: int = 64
     num_warps: int = 4
 
+    def __str__(self) -> str:
+        return f"{self.block_t}x{self.block_c}/w{self.num_warps}"
+
+
+class WinogradLaunches(NamedTuple):
+    """The input kernel's tiling and the output kernel's."""
+
+    input: WinogradLaunch
+    output: WinogradLaunch
+
+    def __str__(self) -> str:
+        return f"in {self.input} out {self.output}"
+
 
 DEFAULT_LAUNCH = WinogradLaunch()
+# The fastest of five tilings at every KL shape, 128-512 channels (s41's probe, H100):
+# 4 tiles x 64 channels for the input; 8 x 64 (16 x 64 / 8 warps within 5%) for the output.
+LAUNCHES = WinogradLaunches(WinogradLaunch(4, 64, 4), WinogradLaunch(8, 64, 4))
+# The tilings the per-conv benchmark's sweep adds.
+SWEEP_LAUNCHES = (WinogradLaunches(WinogradLaunch(4, 64, 4), WinogradLaunch(16, 64, 8)),
+                  WinogradLaunches(WinogradLaunch(8, 32, 4), WinogradLaunch(8, 32, 4)))
 
 
 def winograd_input(x: torch.Tensor, launch_cfg: WinogradLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
@@ -181,12 +202,13 @@ def winograd_output(m: torch.Tensor, shape: tuple[int, int, int], bias: torch.Te
     return y
 
 
-def winograd_conv(x: torch.Tensor, u: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def winograd_conv(x: torch.Tensor, u: torch.Tensor, bias: torch.Tensor | None = None,
+                  launches: WinogradLaunches = LAUNCHES) -> torch.Tensor:
     """3x3 / stride 1 / padding 1 convolution of channels-last ``x`` with the transformed
     weight ``u`` (``winograd_weight``), plus ``bias``; channels-last output of x's dtype."""
     n, _, h, w = x.shape
-    m = _matmul_fp32(winograd_input(x), u)
-    return winograd_output(m, (n, h, w), bias, x.dtype)
+    m = _matmul_fp32(winograd_input(x, launches.input), u)
+    return winograd_output(m, (n, h, w), bias, x.dtype, launches.output)
 
 
 if triton is not None:

@@ -228,3 +228,22 @@ def test_report_shows_the_graph_table_only_when_the_run_made_one():
 
     assert not any("cuDNN's graph API" in line for line in convs_section({}, _results()))
     assert any("cuDNN's graph API" in line for line in convs_section({}, _graph_results()))
+
+
+def test_winograd_variant_only_for_2d_3x3_pad_1():
+    """winograd_conv joins the timed variants of the 2-D 3x3 convs it computes, and its call
+    is that conv (with the bias), under the interpreter."""
+    import torch
+    import torch.nn.functional as F
+
+    s = convs.ConvShape("3x3", "conv2d", (1, 8, 5, 7), 8, (3, 3), (1, 1))
+    chosen = [v for v in convs.variants(s, sweep=True) if v.op == "winograd_conv"]
+    assert len(chosen) == 3 and str(chosen[0]).startswith("winograd_conv in 4x64/w4 out")
+    for other in (convs.ConvShape("1x1", "conv2d", (1, 8, 5, 7), 8, (1, 1), (0, 0)),
+                  convs.ConvShape("conv_in", "conv2d-nchw", (1, 4, 5, 7), 8, (3, 3), (1, 1)),
+                  convs.ConvShape("causal 3x3x3", "conv3d", (1, 8, 3, 5, 7), 8, (3, 3, 3), (0, 1, 1))):
+        assert all(v.op != "winograd_conv" for v in convs.variants(other, sweep=True))
+    x, w, b = convs._inputs(s, "cpu", torch.bfloat16)
+    y = convs.variant_call(chosen[0], s, x, w, b, {})()
+    expected = F.conv2d(x.float(), w.float(), b.float(), padding=1)
+    assert (y.float() - expected).abs().max() <= 0.02 * expected.abs().max()
