@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..kernels import exp_scores as exp_scores_module
-from ..kernels.exp_scores import ExpScoresConfig
+from ..kernels.exp_scores import EXP_SCORES_CONFIG, POINTER_CONFIG, ExpScoresConfig
 from ..kernels.vae_attention import attention_chunked, attention_exp_scores, attention_sdpa
 from .cases import Case
 from .timing import measure
@@ -24,25 +24,29 @@ from .timing import measure
 SCHEMA = "fast_vae_decode.attention/1"
 CHANNELS = 512  # the KL VAEs' mid-block width
 ATTENTION_CASES = ("sdxl-2048", "sdxl-1024", "sd15-768x512-b4")
-# Tile configs to try (block_m x block_n x block_k, warps, stages); the first is the default.
-CANDIDATES = (ExpScoresConfig(128, 128, 64, 8, 3), ExpScoresConfig(128, 256, 64, 8, 3),
+# Tile configs to try (block_m x block_n x block_k, warps, stages, "t": the persistent TMA
+# kernel); the first is the default, the second the pointer kernel's.
+CANDIDATES = (EXP_SCORES_CONFIG, POINTER_CONFIG, ExpScoresConfig(128, 256, 64, 8, 3),
               ExpScoresConfig(128, 128, 64, 4, 4), ExpScoresConfig(256, 128, 64, 8, 3))
 CHECK_ROWS = 256
 
 
 def config_name(cfg: ExpScoresConfig) -> str:
-    return f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
+    return (f"{cfg.block_m}x{cfg.block_n}x{cfg.block_k}w{cfg.num_warps}s{cfg.num_stages}"
+            + ("t" if cfg.tma else ""))
 
 
 def parse_config(text: str) -> ExpScoresConfig:
-    """``128x128x64w8s3`` -> ExpScoresConfig; ValueError with what was expected."""
+    """``128x128x64w8s3`` (``t`` at the end: the TMA kernel) -> ExpScoresConfig; ValueError
+    with what was expected."""
     try:
-        tiles, rest = text.split("w")
+        tma = text.endswith("t")
+        tiles, rest = text.removesuffix("t").split("w")
         warps, stages = rest.split("s")
         m, n, k = (int(v) for v in tiles.split("x"))
-        return ExpScoresConfig(m, n, k, int(warps), int(stages))
+        return ExpScoresConfig(m, n, k, int(warps), int(stages), tma)
     except ValueError:
-        raise ValueError(f"{text!r}: expected BMxBNxBKwWARPSsSTAGES, e.g. 128x128x64w8s3") from None
+        raise ValueError(f"{text!r}: expected BMxBNxBKwWARPSsSTAGES[t], e.g. 128x256x64w8s3t") from None
 
 
 def tokens_of(case: Case) -> tuple[int, int]:

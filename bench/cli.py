@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
     attention.add_argument("--cases", default=",".join(ATTENTION_CASES),
                            help="comma-separated KL bench cases (default: %(default)s)")
     attention.add_argument("--configs", default=",".join(config_name(c) for c in CANDIDATES),
-                           help="exp_scores tile configs, BMxBNxBKwWARPSsSTAGES, comma-separated "
+                           help="exp_scores tile configs, BMxBNxBKwWARPSsSTAGES (t at the end: "
+                                "the persistent TMA kernel), comma-separated "
                                 "(default: %(default)s; the first is the kernel's default)")
     attention.add_argument("--repeats", type=_count(1), default=10, help="timed calls per path")
     attention.add_argument("--device", default=None, help="cuda (default) or cuda:N")

@@ -15,14 +15,25 @@ from fast_vae_decode.kernels.exp_scores import (
     exp_scores,
     exp_scores_reference,
     exp_scores_unsupported,
+    tma_unavailable_reason,
 )
 
 SMALL = ExpScoresConfig(block_m=16, block_n=32, block_k=16, num_warps=4, num_stages=1)
+# The persistent TMA kernel at the same tiles (under the interpreter: 4 programs, each walking
+# several tiles, so the flattened tile loop is exercised).
+SMALL_TMA = SMALL._replace(tma=True)
 
 SHAPES = [
     (1, 16, 32, 16),  # (batch, queries, keys, channels): exactly one tile
     (1, 5, 7, 24),  # ragged in every dim; channels not a multiple of 16 (masked K tail)
     (2, 33, 70, 40),  # batch 2, several tiles each way with ragged last ones
+]
+# Shapes the TMA kernel takes (16-byte rows): ragged query and key tiles, a K tail of 8
+# channels (40 = 2 x 16 + 8), batch 2 (one launch per sample), more tiles than programs.
+TMA_SHAPES = [
+    (1, 16, 32, 16),
+    (2, 33, 72, 40),
+    (1, 70, 200, 16),
 ]
 
 
@@ -50,6 +61,45 @@ def test_exp_scores_matches_its_twin(shape):
     torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)  # as the values
     # The sums are of the values written: the division by them normalises exactly those.
     torch.testing.assert_close(sums, e.float().sum(-1), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("shape", TMA_SHAPES)
+def test_the_tma_kernel_matches_the_twin(shape):
+    q, k = _qk(*shape)
+    assert tma_unavailable_reason(q, k) is None
+    ref = _ref_rows(q, k)
+    e, sums = exp_scores(q, k, ref, SMALL_TMA)
+    expected_e, expected_sums = exp_scores_reference(q, k, ref)
+    assert e.shape == shape[:3] and e.is_contiguous()
+    torch.testing.assert_close(e.float(), expected_e.float(), rtol=2 ** -7, atol=0)
+    # Keys past the last (zero-filled by TMA, so E = exp(-ref) there) stay out of the sums.
+    torch.testing.assert_close(sums, e.float().sum(-1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)
+
+
+def test_the_tma_kernel_reads_row_views_in_place():
+    q_all, k = _qk(2, 40, 64, 24, seed=3)
+    q = q_all[:, 8:29]  # 8 rows of 48 bytes in: still 16-byte aligned
+    assert tma_unavailable_reason(q, k) is None
+    ref = _ref_rows(q, k)
+    e, sums = exp_scores(q, k, ref, SMALL_TMA)
+    expected_e, expected_sums = exp_scores_reference(q, k, ref)
+    torch.testing.assert_close(e.float(), expected_e.float(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda q, k: (q, k[:, :7]), "keys"),  # E's rows of 14 bytes
+    (lambda q, k: (q[:, :, 1:], k[:, :, 1:]), "aligned"),  # rows start 2 bytes in
+])
+def test_unaligned_tensors_take_the_pointer_kernel(make, needle):
+    q, k = make(*_qk(1, 16, 32, 16))
+    assert needle in tma_unavailable_reason(q, k)
+    ref = _ref_rows(q, k)
+    e, sums = exp_scores(q, k, ref, SMALL_TMA)
+    expected_e, expected_sums = exp_scores_reference(q, k, ref)
+    torch.testing.assert_close(e.float(), expected_e.float(), rtol=2 ** -7, atol=0)
+    torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)
 
 
 def test_exp_scores_reads_row_views_in_place():
