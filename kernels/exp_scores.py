@@ -20,10 +20,10 @@ chunk of rows times 65536 keys passes 2^31 elements); offsets inside a tile are 
 (the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
 
 Two kernels compute this. ``_exp_scores_tma_kernel`` (sm90 and later, where Triton has tensor
-descriptors) is persistent: one program per SM walks the tiles, q and k arrive by TMA, E leaves
+descriptors; ``TMA_CONFIG``) is persistent: one program per SM walks the tiles, q and k arrive by TMA, E leaves
 by TMA, and the tile loop is flattened into the K loop so the next tile's loads are issued
 during this tile's exp-and-store epilogue. ``_exp_scores_kernel`` (one program per tile,
-pointer loads) takes every other tensor. At SDXL 2048²'s chunk (8192 x 65536 x 512, bf16, one
+pointer loads) is the default and takes every tensor the first cannot. At SDXL 2048²'s chunk (8192 x 65536 x 512, bf16, one
 H200, s41's ``attn_tma.py.txt``) the first takes 1.084-1.098 ms and the second 1.283-1.337;
 cuBLAS's plain ``q k^T`` with no exp takes 0.84-0.90. Tiles tried for the first: 128x256x64
 at 8 warps and 3 stages is the fastest of nine (128x128: 1.55 ms; 256x128: 1.27; not flattened
@@ -67,9 +67,13 @@ class ExpScoresConfig(NamedTuple):
 # attention: 16.47 against 16.89 ms (docs/benchmark/s31/h100).
 POINTER_CONFIG = ExpScoresConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                  num_stages=3)
-# The TMA kernel's (see the module's note); POINTER_CONFIG where it cannot run.
-EXP_SCORES_CONFIG = ExpScoresConfig(block_m=128, block_n=256, block_k=64, num_warps=8,
-                                    num_stages=3, tma=True)
+# The TMA kernel's tiles (see the module's note); it falls back to POINTER_CONFIG where it
+# cannot run. Not the default yet: its lab twin was timed on an H200 (s41), but this kernel has
+# not run on a GPU inside a decode (CUDA-graph capture, the warm-up's compile). The attention
+# bench times it (``--configs ...t``); the next GPU session's run makes it the default or not.
+TMA_CONFIG = ExpScoresConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
+                             tma=True)
+EXP_SCORES_CONFIG = POINTER_CONFIG
 # Offsets inside a tile are int32 (fewer registers than an int64 per element): a tile's rows
 # span BLOCK_M * keys elements, under 2^31 for up to 256-row tiles.
 MAX_KEYS = (2 ** 31 - 1) // 256
@@ -176,7 +180,7 @@ def _launch_tma(q, k, ref, e, partial, cfg: ExpScoresConfig) -> None:
                    TensorDescriptor.from_tensor(q[b], [cfg.block_m, cfg.block_k]),
                    TensorDescriptor.from_tensor(k[b], [cfg.block_n, cfg.block_k]),
                    TensorDescriptor.from_tensor(e[b], [cfg.block_m, cfg.block_n]),
-                   ref[b], partial[b], lq, lk, tiles_m, tiles_n, q.shape[2],
+                   ref[b], partial[b], lq, lk, tiles_m, tiles_n, D=q.shape[2],
                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                    PROGRAMS=programs, DOT_FP32=interpreting(), num_warps=cfg.num_warps,
                    num_stages=cfg.num_stages)
@@ -186,7 +190,7 @@ if triton is not None:
 
     @triton.jit(do_not_specialize=["lq", "tiles_m"])
     def _exp_scores_tma_kernel(q_desc, k_desc, e_desc, ref_ptr, part_ptr, lq, lk, tiles_m,
-                               tiles_n, d, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                               tiles_n, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                                BLOCK_K: tl.constexpr, PROGRAMS: tl.constexpr,
                                DOT_FP32: tl.constexpr):
         # Query tiles vary fastest, so the programs running together share one key tile.
@@ -194,7 +198,9 @@ if triton is not None:
             pid_m = tile % tiles_m
             pid_n = tile // tiles_m
             acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for start in range(0, d, BLOCK_K):
+            # A constant trip count (D is the model's width: one variant per VAE) lets the
+            # flattened loop pipeline across tiles, as in the timed lab kernel.
+            for start in range(0, D, BLOCK_K):
                 a = q_desc.load([pid_m * BLOCK_M, start])
                 bt = k_desc.load([pid_n * BLOCK_N, start])
                 if DOT_FP32:  # see the module's note
@@ -253,5 +259,5 @@ if triton is not None:
         tl.store(part_ptr + (b * lq + rows.to(tl.int64)) * tiles + pid_n, part, mask=row_ok)
 
 
-__all__ = ["EXP_SCORES_CONFIG", "POINTER_CONFIG", "ExpScoresConfig", "exp_scores",
+__all__ = ["EXP_SCORES_CONFIG", "POINTER_CONFIG", "TMA_CONFIG", "ExpScoresConfig", "exp_scores",
            "exp_scores_reference", "exp_scores_unsupported", "tma_unavailable_reason"]
