@@ -212,7 +212,7 @@ if triton is not None:
             row_ok = rows < lq
             ref = tl.load(ref_ptr + rows, mask=row_ok, other=0.0)
             e = tl.exp2(acc * 1.4426950408889634 - (ref * 1.4426950408889634)[:, None])
-            e = e.to(e_desc.dtype)
+            e = e.to(tl.bfloat16)  # EXP_SCORES_DTYPES
             e_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], e)
             # Keys past lk were zero-filled (their E is exp(-ref), not 0): out of the sums.
             part = tl.sum(tl.where((cols < lk)[None, :], e.to(tl.float32), 0.0), axis=1)
