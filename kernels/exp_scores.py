@@ -20,14 +20,15 @@ chunk of rows times 65536 keys passes 2^31 elements); offsets inside a tile are 
 (the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
 
 Two kernels compute this. ``_exp_scores_tma_kernel`` (sm90 and later, where Triton has tensor
-descriptors; ``TMA_CONFIG``) is persistent: one program per SM walks the tiles, q and k arrive by TMA, E leaves
-by TMA, and the tile loop is flattened into the K loop so the next tile's loads are issued
-during this tile's exp-and-store epilogue. ``_exp_scores_kernel`` (one program per tile,
-pointer loads) is the default and takes every tensor the first cannot. At SDXL 2048²'s chunk (8192 x 65536 x 512, bf16, one
-H200, s41's ``attn_tma.py.txt``) the first takes 1.084-1.098 ms and the second 1.283-1.337;
-cuBLAS's plain ``q k^T`` with no exp takes 0.84-0.90. Tiles tried for the first: 128x256x64
-at 8 warps and 3 stages is the fastest of nine (128x128: 1.55 ms; 256x128: 1.27; not flattened
-1.27-1.77; 4 stages do not fit in shared memory).
+descriptors; ``TMA_CONFIG``) is persistent: one program per SM walks the tiles, q and k arrive
+by TMA, E leaves by TMA, and the tile loop is flattened into the K loop so the next tile's
+loads are issued during this tile's exp-and-store epilogue. ``_exp_scores_kernel`` (one program
+per tile, pointer loads) is the default and takes every tensor the first cannot. At SDXL
+2048²'s chunk (8192 x 65536 x 512, bf16, one H200, s41's ``attn_tma.py.txt``) the first takes
+1.084-1.098 ms and the second 1.283-1.337; cuBLAS's plain ``q k^T`` with no exp takes
+0.84-0.90. Tiles tried for the first: 128x256x64 at 8 warps and 3 stages is the fastest of
+nine (128x128: 1.55 ms; 256x128: 1.27; not flattened 1.27-1.77; 4 stages do not fit in shared
+memory).
 """
 from __future__ import annotations
 
@@ -171,7 +172,9 @@ def _launch_tma(q, k, ref, e, partial, cfg: ExpScoresConfig) -> None:
     batch, lq, _ = q.shape
     lk = k.shape[1]
     tiles_m, tiles_n = -(-lq // cfg.block_m), partial.shape[-1]
-    programs = min(_programs(q.device), tiles_m * tiles_n)
+    # One program per SM whatever the size (those past the last tile exit at once): the count
+    # is a constexpr, so the warm-up's tiny call compiles the variant a 2048² decode runs.
+    programs = _programs(q.device)
     with on_device(q.device):
         for b in range(batch):  # a batch is a few images at most: one launch each
             # Descriptors per sample: TMA clips E's ragged tiles and zero-fills q's and k's,
@@ -188,11 +191,13 @@ def _launch_tma(q, k, ref, e, partial, cfg: ExpScoresConfig) -> None:
 
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["lq", "tiles_m"])
+    # Sizes unspecialised (E is addressed through its descriptor): the warm-up's tiny call
+    # compiles the variant every size runs.
+    @triton.jit(do_not_specialize=["lq", "lk", "tiles_m", "tiles_n"])
     def _exp_scores_tma_kernel(q_desc, k_desc, e_desc, ref_ptr, part_ptr, lq, lk, tiles_m,
-                               tiles_n, D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                               BLOCK_K: tl.constexpr, PROGRAMS: tl.constexpr,
-                               DOT_FP32: tl.constexpr):
+                               tiles_n, D: tl.constexpr, BLOCK_M: tl.constexpr,
+                               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                               PROGRAMS: tl.constexpr, DOT_FP32: tl.constexpr):
         # Query tiles vary fastest, so the programs running together share one key tile.
         for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
             pid_m = tile % tiles_m

@@ -102,6 +102,21 @@ def test_unaligned_tensors_take_the_pointer_kernel(make, needle):
     torch.testing.assert_close(sums, expected_sums, rtol=2 ** -7, atol=0)
 
 
+def test_the_warm_up_call_compiles_the_tma_variant_every_size_runs():
+    """The KL attention's warm-up calls exp_scores on 16 tokens; a 2048² decode's chunks are
+    8192 x 65536. Both must be the same compiled variant of the TMA kernel."""
+    from fast_vae_decode.kernels.backend import recording_launches, variant_key
+
+    records = []
+    for lq, lk in ((16, 16), (70, 200), (33, 72)):
+        q, k = _qk(1, lq, lk, 16)
+        with recording_launches() as recorded:
+            exp_scores(q, k, _ref_rows(q, k), SMALL_TMA)
+        assert len(recorded) == 1
+        records.append(recorded[0])
+    assert len({variant_key(r) for r in records}) == 1
+
+
 def test_exp_scores_reads_row_views_in_place():
     # The attention hands each chunk of query rows as a view of the whole (no copy) and the
     # keys as the tokens' view: strided batches.
