@@ -131,12 +131,20 @@ def winograd_conv_unsupported(x: torch.Tensor, u: torch.Tensor) -> str | None:
     return None
 
 
+_FP32_OUT = {"bmm": True}
+
+
 def _matmul_fp32(v: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """[36, T, Cin] x [36, Cin, Cout] with fp32 outputs (cuBLAS accumulates in fp32 either way;
     keeping M in fp32 is worth 1.1 dB per conv over rounding it to fp16)."""
-    if v.is_cuda:
-        return torch.bmm(v, u, out_dtype=torch.float32)
-    return torch.bmm(v.float(), u.float())  # interpreter (tests): CPU has no fp16 -> fp32 bmm
+    if v.is_cuda and _FP32_OUT["bmm"]:
+        try:
+            return torch.bmm(v, u, out_dtype=torch.float32)
+        except (TypeError, RuntimeError):  # a torch without bmm's out_dtype
+            _FP32_OUT["bmm"] = False
+    # The same sums from widened inputs (fp16 is exact in fp32): the interpreter's CPU tensors,
+    # and older torch, at twice the products' traffic.
+    return torch.bmm(v.float(), u.float())
 
 
 class WinogradLaunch(NamedTuple):

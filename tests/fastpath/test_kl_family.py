@@ -583,3 +583,30 @@ def test_fast_silu_setting_reaches_every_apply_pass_and_keeps_handed_statistics(
     _decode(model, z, is_open=True)
     assert any(taken) and own.count(True) >= sum(taken) >= 1
     assert own.count(False) + sum(taken) == len(asked)
+
+
+def test_winograd_setting_routes_wide_resnet_convs_and_stays_close(monkeypatch):
+    """``winograd_min_channels``: the resnet 3x3 convs with that many input channels run on
+    ``winograd_conv`` (bf16 decode; the kernel takes half types only), the others on cuDNN, and
+    the decode stays as close to the default fast decode as bf16 rounding allows. 0 (the
+    default) routes none."""
+    stock = tiny_vae().to(torch.bfloat16)
+    model = copy.deepcopy(stock)
+    install.install_fast_path(model)
+    z = _latent(dtype=torch.bfloat16)
+    real = kl_ops.winograd_conv
+    widths = []
+    monkeypatch.setattr(kl_ops, "winograd_conv",
+                        lambda x, u: (widths.append(x.shape[1]), real(x, u))[1])
+    default, _ = _decode(model, z, is_open=True)
+    assert widths == []
+    monkeypatch.setattr(kl_settings.settings, "winograd_min_channels", 64)
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {}
+    resnet_convs_at_64 = sum(
+        1 for m in model.decoder.modules() if hasattr(m, "conv1") and hasattr(m, "norm2")
+        for conv in (m.conv1, m.conv2) if conv.in_channels >= 64)
+    assert len(widths) == resnet_convs_at_64 > 0 and min(widths) >= 64
+    # bf16 activations either way; Winograd's fp16 products move outputs by a few bf16 steps.
+    assert _rel_err(out, default) < 3e-2
+    assert not torch.equal(out, default)

@@ -43,6 +43,7 @@ from .ops import (
     add_bias_residual_,
     conv2d,
     like_input,
+    resnet_conv,
     to_channels_last,
     weights_reason,
 )
@@ -93,12 +94,12 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         xc = to_channels_last(x)
         # Conv biases are added by one channels-last pass each (torch's broadcast add after the
         # conv is a slow generic kernel on channels-last), and conv2's together with the residual.
-        h = conv2d(conv1, norm1.norm_silu(xc), use_bias=False)
+        h = resnet_conv(conv1, norm1.norm_silu(xc))
         if settings.norm_input_bias:
             h = norm2.norm_silu(h, input_bias=bias_of(conv1))
         else:
             h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
-        out = conv2d(conv2, h, use_bias=False)
+        out = resnet_conv(conv2, h)
         # The sum is the next block's norm input; changed after the add, nothing is handed on.
         groups = norm1.num_groups if out_scale == 1 else None
         if shortcut is None:

@@ -25,6 +25,7 @@ from ....kernels.group_norm_silu import (
 )
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
+from ....kernels.winograd_conv import winograd_conv, winograd_conv_unsupported, winograd_weight
 from ...cache import cached
 from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
@@ -121,6 +122,23 @@ def _plain_conv(conv: torch.nn.Module) -> bool:
     return (all(s == 1 for s in conv.stride) and all(d == 1 for d in conv.dilation)
             and conv.groups == 1 and conv.padding_mode == "zeros"
             and not isinstance(conv.padding, str))
+
+
+def resnet_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """A resnet block's conv without its bias (the next fused pass adds it): Winograd F(4x4,
+    3x3) where ``settings.winograd_min_channels`` asks for it and the kernel takes ``x``
+    (``kernels.winograd_conv``), cuDNN otherwise."""
+    wide = settings.winograd_min_channels
+    if (wide and conv.in_channels >= wide and _plain_conv(conv)
+            and tuple(conv.kernel_size) == (3, 3) and tuple(conv.padding) == (1, 1)):
+        weight = weight_of(conv)
+        # [36, Cin, Cout] fp16 per weight version: 4x the 3x3 weight's elements, kept like the
+        # channels-last weights (dropped on unload, refetched under dynamic VRAM).
+        u = cached(conv, "winograd_weight", (weight,), lambda: winograd_weight(weight.detach()),
+                   keep=is_stable(conv))
+        if winograd_conv_unsupported(x, u) is None:
+            return winograd_conv(x, u)
+    return conv2d(conv, x, use_bias=False)
 
 
 def routed_conv2d(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:

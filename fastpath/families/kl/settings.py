@@ -99,6 +99,14 @@ class KLSettings:
     # quartiles (docs/benchmark/s38/b): the pass is not instruction-bound there. The H200 has
     # 43% more bandwidth per instruction issued; not measured on it yet.
     fast_silu: bool = FAST_SILU
+    # Resnet 3x3 convs with at least this many input channels by Winograd F(4x4, 3x3)
+    # (``ops.resnet_conv``, ``kernels.winograd_conv``: fp16 products, fp32 M) instead of cuDNN;
+    # 0: never. Off: on the H200 it ran the 512-channel convs at 1.15-1.22x cuDNN's speed (the
+    # 3x3 convs of an SDXL 2048² decode 36.05 -> 33.86 ms, docs/benchmark/s41), but a CPU study
+    # of a whole decode put those convs alone 0.84 dB further from fp32, against ``high``'s
+    # 1.0-1.2 dB over stock; and the transformed weights (4x the 3x3 weights' elements) stay in
+    # VRAM. A setting so that whole decodes can be interleaved and their PSNR read on the GPU.
+    winograd_min_channels: int = 0
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
     # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under
