@@ -17,10 +17,12 @@ std 1/sqrt(9 Cin), every output rounded to bf16; 64-512 channels, one conv):
 - V and U in bf16: 46.8-47.9 dB (the transform's coefficients, up to 5 and 25 after both
   sides, cost bf16's 8 bits too much): so fp16, never bf16, for the products' inputs;
 - F(2x2, 3x3) (2.25x fewer products, not 4x) with fp16 V matches the direct conv (63.4-65.3).
+
 fp16's range is the risk bf16 does not have: V's entries are sums of up to 100 times an input
-(|B^T|'s rows sum to at most 10, on both sides), so inputs past about 650 would overflow.
-``winograd_conv`` is meant for normalised activations (GroupNorm + SiLU in front), and every
-caller checks ``input_bound`` first.
+(|B^T|'s rows sum to at most 10, on both sides), so inputs past about 650 overflow to inf. The
+only caller (``kl.ops.resnet_conv``, behind an off-by-default setting) feeds it GroupNorm +
+SiLU outputs, which stay far below that unless a norm's weight is in the hundreds; nothing
+checks it per call.
 
 Matrices (points 0, 1, -1, 2, -2 and infinity; Lavin and Gray's F(4x4, 3x3)):
 ``V = B^T d B`` per 6x6 patch ``d``, ``U = G g G^T`` per 3x3 filter ``g`` (once per weight,
@@ -61,8 +63,6 @@ _AT = ((1, 1, 1, 1, 1, 0),
 TILE = 4  # output pixels per tile side
 PATCH = 6  # input pixels per patch side
 PRODUCT_DTYPE = torch.float16
-# |input| above which an fp16 V could overflow: 65504 / 100 (see the module's note), halved.
-INPUT_BOUND = 300.0
 
 WINOGRAD_CONV = Accepts(min_rank=4, max_rank=4, dtypes=(torch.bfloat16, torch.float16),
                         layout=channels_last_4d)
