@@ -122,9 +122,11 @@ def winograd_conv_reference(x: torch.Tensor, weight: torch.Tensor,
     return winograd_output_reference(m, (n, h, w), bias, x.dtype)
 
 
-def winograd_conv_unsupported(x: torch.Tensor, u: torch.Tensor) -> str | None:
+def winograd_conv_unsupported(x: torch.Tensor, u: torch.Tensor | None = None) -> str | None:
+    """Why ``winograd_conv`` cannot take ``x`` (and the transformed weight ``u``, if given);
+    None if it can. Without ``u``, a caller can ask before it transforms a weight."""
     reason = WINOGRAD_CONV.tensor_reason(x) or autograd_reason(x)
-    if reason is not None:
+    if reason is not None or u is None:
         return reason
     if u.shape[:2] != (PATCH * PATCH, x.shape[1]) or u.dtype != PRODUCT_DTYPE:
         return f"transformed weight {tuple(u.shape)} {u.dtype} does not fit {x.shape[1]} channels"

@@ -610,3 +610,17 @@ def test_winograd_setting_routes_wide_resnet_convs_and_stays_close(monkeypatch):
     # bf16 activations either way; Winograd's fp16 products move outputs by a few bf16 steps.
     assert _rel_err(out, default) < 3e-2
     assert not torch.equal(out, default)
+
+
+def test_winograd_setting_leaves_an_fp32_decode_on_cudnn_without_transforming_weights(
+        tiny, monkeypatch):
+    """The kernel takes half types only: an fp32 decode with the setting on stays on cuDNN,
+    as close to stock as ever, and no transformed weight is made or kept."""
+    model, _, z, expected, _ = tiny
+    monkeypatch.setattr(kl_settings.settings, "winograd_min_channels", 1)
+    made = []
+    real = kl_ops.winograd_weight
+    monkeypatch.setattr(kl_ops, "winograd_weight", lambda w: (made.append(1), real(w))[1])
+    out, stats = _decode(model, z, is_open=True)
+    assert stats.fallbacks == {} and made == []
+    assert _rel_err(out, expected) < REL_TOL

@@ -130,14 +130,14 @@ def resnet_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     (``kernels.winograd_conv``), cuDNN otherwise."""
     wide = settings.winograd_min_channels
     if (wide and conv.in_channels >= wide and _plain_conv(conv)
-            and tuple(conv.kernel_size) == (3, 3) and tuple(conv.padding) == (1, 1)):
+            and tuple(conv.kernel_size) == (3, 3) and tuple(conv.padding) == (1, 1)
+            and winograd_conv_unsupported(x) is None):
         weight = weight_of(conv)
         # [36, Cin, Cout] fp16 per weight version: 4x the 3x3 weight's elements, kept like the
         # channels-last weights (dropped on unload, refetched under dynamic VRAM).
         u = cached(conv, "winograd_weight", (weight,), lambda: winograd_weight(weight.detach()),
                    keep=is_stable(conv))
-        if winograd_conv_unsupported(x, u) is None:
-            return winograd_conv(x, u)
+        return winograd_conv(x, u)
     return conv2d(conv, x, use_bias=False)
 
 
