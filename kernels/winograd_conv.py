@@ -170,7 +170,6 @@ class WinogradLaunches(NamedTuple):
         return f"in {self.input} out {self.output}"
 
 
-DEFAULT_LAUNCH = WinogradLaunch()
 # The fastest of five tilings at every KL shape, 128-512 channels (s41's probe, H100):
 # 4 tiles x 64 channels for the input; 8 x 64 (16 x 64 / 8 warps within 5%) for the output.
 LAUNCHES = WinogradLaunches(WinogradLaunch(4, 64, 4), WinogradLaunch(8, 64, 4))
@@ -179,8 +178,10 @@ SWEEP_LAUNCHES = (WinogradLaunches(WinogradLaunch(4, 64, 4), WinogradLaunch(16, 
                   WinogradLaunches(WinogradLaunch(8, 32, 4), WinogradLaunch(8, 32, 4)))
 
 
-def winograd_input(x: torch.Tensor, launch_cfg: WinogradLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
-    """``V`` [36, T, C] fp16 of channels-last ``x`` (Triton; ``winograd_input_reference``)."""
+def winograd_input(x: torch.Tensor, launch_cfg: WinogradLaunch | None = None) -> torch.Tensor:
+    """``V`` [36, T, C] fp16 of channels-last ``x`` (Triton; ``winograd_input_reference``);
+    ``LAUNCHES.input``'s tiling unless given."""
+    launch_cfg = launch_cfg or LAUNCHES.input
     n, c, h, w = x.shape
     th, tw = tile_grid(h, w)
     tiles = n * th * tw
@@ -194,9 +195,10 @@ def winograd_input(x: torch.Tensor, launch_cfg: WinogradLaunch = DEFAULT_LAUNCH)
 
 
 def winograd_output(m: torch.Tensor, shape: tuple[int, int, int], bias: torch.Tensor | None,
-                    dtype: torch.dtype, launch_cfg: WinogradLaunch = DEFAULT_LAUNCH) -> torch.Tensor:
+                    dtype: torch.dtype, launch_cfg: WinogradLaunch | None = None) -> torch.Tensor:
     """``Y = A^T M A`` (+ bias), channels-last [N, Cout, H, W] of ``dtype`` (Triton;
-    ``winograd_output_reference``)."""
+    ``winograd_output_reference``); ``LAUNCHES.output``'s tiling unless given."""
+    launch_cfg = launch_cfg or LAUNCHES.output
     n, h, w = shape
     th, tw = tile_grid(h, w)
     tiles = n * th * tw
