@@ -320,8 +320,9 @@ def test_the_pack_conv_of_the_wan_head_is_compiled_first(cpu_warmup, monkeypatch
 
 
 def _exp_scores_kernels():
-    """Either exp_scores kernel: the default config's (the TMA kernel) or the pointer kernel
-    it falls back to where TMA cannot run (no tensor descriptors in this Triton)."""
+    """Either exp_scores kernel: the pointer kernel (POINTER_CONFIG) or the TMA kernel
+    (TMA_CONFIG, which falls back to the first where TMA cannot run), whichever
+    EXP_SCORES_CONFIG names."""
     from fast_vae_decode.kernels import exp_scores
     return (exp_scores._exp_scores_kernel, exp_scores._exp_scores_tma_kernel)
 
