@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from ..kernels import exp_scores as exp_scores_module
-from ..kernels.exp_scores import EXP_SCORES_CONFIG, TMA_CONFIG, ExpScoresConfig
+from ..kernels.exp_scores import EXP_SCORES_CONFIG, POINTER_CONFIG, ExpScoresConfig
 from ..kernels.vae_attention import attention_chunked, attention_exp_scores, attention_sdpa
 from .cases import Case
 from .timing import measure
@@ -25,8 +25,8 @@ SCHEMA = "fast_vae_decode.attention/1"
 CHANNELS = 512  # the KL VAEs' mid-block width
 ATTENTION_CASES = ("sdxl-2048", "sdxl-1024", "sd15-768x512-b4")
 # Tile configs to try (block_m x block_n x block_k, warps, stages, "t": the persistent TMA
-# kernel); the first is the default, the second the TMA kernel's.
-CANDIDATES = (EXP_SCORES_CONFIG, TMA_CONFIG, ExpScoresConfig(128, 256, 64, 8, 3),
+# kernel); the first is the default (the TMA kernel's), the second the pointer kernel's.
+CANDIDATES = (EXP_SCORES_CONFIG, POINTER_CONFIG, ExpScoresConfig(128, 256, 64, 8, 3),
               ExpScoresConfig(128, 128, 64, 4, 4), ExpScoresConfig(256, 128, 64, 8, 3))
 CHECK_ROWS = 256
 

@@ -20,12 +20,12 @@ chunk of rows times 65536 keys passes 2^31 elements); offsets inside a tile are 
 (the interpreter's bf16 product is wrong; bf16 values are exact in fp32).
 
 Two kernels compute this. ``_exp_scores_tma_kernel`` (sm90 and later, where Triton has tensor
-descriptors; ``TMA_CONFIG``) is persistent: one program per SM walks the tiles, q and k arrive
-by TMA, E leaves by TMA, and the tile loop is flattened into the K loop so the next tile's
-loads are issued during this tile's exp-and-store epilogue. ``_exp_scores_kernel`` (one program
-per tile, pointer loads) is the default and takes every tensor the first cannot. At SDXL
-2048²'s chunk (8192 x 65536 x 512, bf16, one H200, s41's ``attn_tma.py.txt``) the first takes
-1.084-1.098 ms and the second 1.283-1.337; cuBLAS's plain ``q k^T`` with no exp takes
+descriptors; ``TMA_CONFIG``, the default) is persistent: one program per SM walks the tiles, q
+and k arrive by TMA, E leaves by TMA, and the tile loop is flattened into the K loop so the next
+tile's loads are issued during this tile's exp-and-store epilogue. ``_exp_scores_kernel`` (one
+program per tile, pointer loads; ``POINTER_CONFIG``) takes every tensor the first cannot. At
+SDXL 2048²'s chunk (8192 x 65536 x 512, bf16, one H200, s41's ``attn_tma.py.txt``) the first
+takes 1.084-1.098 ms and the second 1.283-1.337; cuBLAS's plain ``q k^T`` with no exp takes
 0.84-0.90. Tiles tried for the first: 128x256x64 at 8 warps and 3 stages is the fastest of
 nine (128x128: 1.55 ms; 256x128: 1.27; not flattened 1.27-1.77; 4 stages do not fit in shared
 memory).
@@ -69,12 +69,11 @@ class ExpScoresConfig(NamedTuple):
 POINTER_CONFIG = ExpScoresConfig(block_m=128, block_n=128, block_k=64, num_warps=8,
                                  num_stages=3)
 # The TMA kernel's tiles (see the module's note); it falls back to POINTER_CONFIG where it
-# cannot run. Not the default yet: its lab twin was timed on an H200 (s41), but this kernel has
-# not run on a GPU inside a decode (CUDA-graph capture, the warm-up's compile). The attention
-# bench times it (``--configs ...t``); the next GPU session's run makes it the default or not.
+# cannot run (``tma_unavailable_reason``). The default since s44, whose GPU run (H100) passed
+# the exp_scores, CUDA-graph, prewarm and KL-family GPU tests with it inside decodes.
 TMA_CONFIG = ExpScoresConfig(block_m=128, block_n=256, block_k=64, num_warps=8, num_stages=3,
                              tma=True)
-EXP_SCORES_CONFIG = POINTER_CONFIG
+EXP_SCORES_CONFIG = TMA_CONFIG
 # Offsets inside a tile are int32 (fewer registers than an int64 per element): a tile's rows
 # span BLOCK_M * keys elements, under 2^31 for up to 256-row tiles.
 MAX_KEYS = (2 ** 31 - 1) // 256
