@@ -496,9 +496,11 @@ def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dic
 
 
 def _median_ms(fn, repeats: int, warmup: int, device) -> float:
-    from .timing import measure
+    """Median GPU time of one call: calls queued back to back, so a conv of tens of µs is not
+    reported at the host's launch time."""
+    from .timing import queued_ms
 
-    return statistics.median(measure(fn, device, repeats, warmup).times_ms)
+    return statistics.median(queued_ms(fn, device, repeats, warmup))
 
 
 def heaviest(shapes: list[tuple[ConvShape, dict[str, int]]], count: int) -> set[ConvShape]:

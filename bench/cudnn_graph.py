@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from .convs import _fmt
-from .timing import measure
+from .timing import queued_ms
 
 MAX_PLANS = 8
 GROUPS = 32  # the KL decoders' GroupNorm groups (statistics kernel for stats_pass_ms)
@@ -123,7 +123,7 @@ def _build(kind: str, x, w, b, r, scale, shift, handle) -> tuple[Callable[[], No
 
 
 def _median_ms(fn: Callable[[], object], repeats: int = 25, warmup: int = 3) -> float:
-    return statistics.median(measure(fn, "cuda", repeats, warmup).times_ms)
+    return statistics.median(queued_ms(fn, "cuda", repeats, warmup))
 
 
 def _rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
