@@ -67,7 +67,10 @@ def convs_section(env: dict, results) -> list[str]:
             "fused pass) against the pack's Triton convs with their bias (`implicit_gemm_conv`; "
             "`narrow_conv` where few outputs share the taps), the fastest variant tried named "
             "in the last column. "
-            "Median of the timed calls (CUDA events)" + (f"; {where}." if where else "."), "",
+            "Median per-call time of calls queued back to back behind a GPU sleep between two "
+            "CUDA events (`bench.timing.queued_ms`; tables made before s45 timed one call per "
+            "event pair, which for ops of tens of µs measured the host)"
+            + (f"; {where}." if where else "."), "",
             convs_markdown(results), ""] + _graph_section(results) + _gemm_section(results)
 
 
