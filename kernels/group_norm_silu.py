@@ -346,6 +346,89 @@ def _launch_stats(x, in_bias, residual, part_mean, part_m2, num_groups, config, 
         )
 
 
+class NormSiLU(NamedTuple):
+    """A norm folded to per-(sample, channel) fp32 factors, [n, C] each: the input a consumer
+    reads is ``silu(x * scale + shift)`` rounded to x's dtype (``silu`` False: without SiLU).
+    What ``group_norm_scale_shift`` returns for a consumer that applies the norm itself while
+    it reads x (``narrow_conv``'s ``prologue``), so x's normalised copy is never written."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+    silu: bool = True
+
+
+def group_norm_scale_shift(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    num_groups: int,
+    eps: float,
+    silu: bool = True,
+    *,
+    input_bias: torch.Tensor | None = None,
+    config: GroupNormSiLUConfig | None = None,
+    stats: GroupStats | None = None,
+    prefetch: str | None = None,
+) -> NormSiLU | None:
+    """Passes 1 and 2 of ``group_norm_silu`` (the same arguments, the same statistics and
+    factors): the norm as a ``NormSiLU`` for a consumer that applies it while reading x; None
+    where ``group_norm_silu_unsupported`` gives a reason."""
+    if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
+        return None
+    n, c, h, w = x.shape
+    if config is None:
+        config = group_norm_silu_config(n, c, h * w, num_groups, _sm_count(x.device), prefetch)
+    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats)
+    return NormSiLU(scale.view(n, c), shift.view(n, c), bool(silu))
+
+
+def _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats):
+    """Passes 1 (unless ``stats`` were handed over for this problem) and 2: the per-channel fp32
+    scale and shift, each ``n * C`` long."""
+    n, c, h, w = x.shape
+    hw = h * w
+    plan = _launch_plan(n, c, hw, num_groups, config)
+    weight = None if weight is None else weight.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    input_bias = None if input_bias is None else input_bias.contiguous()
+    if stats is not None and (input_bias is not None or stats.part_mean.device != x.device
+                              or stats.problem != _stats_problem(n, c, hw, num_groups, config)):
+        stats = None  # taken for another problem or plan (or x + input_bias was asked)
+    # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits] (unless
+    # handed over), then the per-channel scale and shift [n, C]; each piece starts 16-byte
+    # aligned for vector loads.
+    parts = 0 if stats is not None else plan.parts
+    chans = plan.chans
+    ws = torch.empty(2 * parts + 2 * chans, device=x.device, dtype=torch.float32)
+    if stats is not None:
+        part_mean, part_m2 = stats.part_mean, stats.part_m2
+    else:
+        part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
+    scale = ws[2 * parts : 2 * parts + n * c]
+    shift = ws[2 * parts + chans : 2 * parts + chans + n * c]
+
+    # A zero bias where none is given: one variant of each pass (the module's note).
+    in_bias = input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype)
+    if stats is None:
+        _launch_stats(x, in_bias, None, part_mean, part_m2, num_groups, config, plan,
+                      write_sum=False)
+    with on_device(x.device):
+        launch(_group_norm_finalize_kernel, (num_groups, n),
+            part_mean, part_m2,
+            # An absent weight or bias is never read; its stand-in is one of the norm's own
+            # operands, so a pointer of another dtype makes no variant of its own.
+            weight if weight is not None else (bias if bias is not None else in_bias),
+            bias if bias is not None else (weight if weight is not None else in_bias),
+            in_bias,
+            scale, shift, hw, plan.pix_per_program, plan.splits, float(eps),
+            c, num_groups, c // num_groups, int(weight is not None), int(bias is not None),
+            # Not sized to splits or to narrow groups: one variant for every norm of a decoder.
+            BLOCK_S=config.finalize_block_s, BLOCK_CPG=max(plan.block_cpg, FINALIZE_MIN_CPG),
+            num_warps=config.finalize_warps,
+        )
+    return scale, shift
+
+
 def group_norm_silu(
     x: torch.Tensor,
     weight: torch.Tensor | None,
@@ -375,55 +458,15 @@ def group_norm_silu(
         return None
     n, c, h, w = x.shape
     hw = h * w
-    cpg = c // num_groups
     if config is None:
         config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device), prefetch,
                                         fast_silu)
     plan = _launch_plan(n, c, hw, num_groups, config)
-    splits, pix_per_program = plan.splits, plan.pix_per_program
-    apply_tiles_per_program = plan.apply_tiles_per_program
-    block_cpg = plan.block_cpg
-
-    weight = None if weight is None else weight.contiguous()
-    bias = None if bias is None else bias.contiguous()
-    input_bias = None if input_bias is None else input_bias.contiguous()
-    if stats is not None and (input_bias is not None or stats.part_mean.device != x.device
-                              or stats.problem != _stats_problem(n, c, hw, num_groups, config)):
-        stats = None  # taken for another problem or plan (or x + input_bias was asked)
-    # One fp32 workspace (one allocator call): partial means and M2s [n, G, splits] (unless
-    # handed over), then the per-channel scale and shift [n, C]; each piece starts 16-byte
-    # aligned for vector loads.
-    parts = 0 if stats is not None else plan.parts
-    chans = plan.chans
-    ws = torch.empty(2 * parts + 2 * chans, device=x.device, dtype=torch.float32)
-    if stats is not None:
-        part_mean, part_m2 = stats.part_mean, stats.part_m2
-    else:
-        part_mean, part_m2 = ws[:parts], ws[parts : 2 * parts]
-    scale, shift = ws[2 * parts : 2 * parts + chans], ws[2 * parts + chans :]
+    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats)
     out = torch.empty_like(x, memory_format=torch.channels_last)
-
-    # A zero bias where none is given: one variant of each pass (the module's note).
-    in_bias = input_bias if input_bias is not None else _zero_bias(c, x.device, x.dtype)
-    if stats is None:
-        _launch_stats(x, in_bias, None, part_mean, part_m2, num_groups, config, plan,
-                      write_sum=False)
     with on_device(x.device):
-        launch(_group_norm_finalize_kernel, (num_groups, n),
-            part_mean, part_m2,
-            # An absent weight or bias is never read; its stand-in is one of the norm's own
-            # operands, so a pointer of another dtype makes no variant of its own.
-            weight if weight is not None else (bias if bias is not None else in_bias),
-            bias if bias is not None else (weight if weight is not None else in_bias),
-            in_bias,
-            scale, shift, hw, pix_per_program, splits, float(eps),
-            c, num_groups, cpg, int(weight is not None), int(bias is not None),
-            # Not sized to splits or to narrow groups: one variant for every norm of a decoder.
-            BLOCK_S=config.finalize_block_s, BLOCK_CPG=max(block_cpg, FINALIZE_MIN_CPG),
-            num_warps=config.finalize_warps,
-        )
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
-            x, out, scale, shift, hw, apply_tiles_per_program, int(bool(silu)),
+            x, out, scale, shift, hw, plan.apply_tiles_per_program, int(bool(silu)),
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c),
             PREFETCH=bool(config.apply_prefetch),
             FAST_SILU=use_fast_silu(config.fast_silu, x.device), num_warps=config.apply_warps,

@@ -18,6 +18,15 @@ to 3 channels, half the input's 256 at 128 channels). The MACs are the convoluti
 
 Rounding: the products are exact fp32 sums of bf16/fp16 products; the tap sum adds KH * KW
 fp32 values and the bias and rounds once (stock rounds the conv output, then the bias add).
+
+``prologue`` (2-D convs): the conv of ``silu(x * scale + shift)`` for a norm folded to
+per-(sample, channel) factors (``group_norm_silu.NormSiLU``), applied in pass 1 as each tile
+is loaded and rounded to x's dtype before the product, as a norm pass would have stored it. A
+decoder's final norm + SiLU then never writes its output: pass 1 reads x once, as before, and
+the norm's own write and this conv's read of it are gone (268 MB each at SDXL 1024²). Pass 1 of
+a 2-D conv has no spatial taps, so every element it loads is a real input pixel and the
+prologue needs no padding rule; the spatial zero padding stays in pass 2, after it, as in the
+unfused conv. Not for 3-D inputs, whose pass 1 masks the temporal padding.
 """
 from __future__ import annotations
 
@@ -26,7 +35,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .accepts import Accepts, autograd_reason, channel_stride_one, pow2
-from .backend import launch, on_device, tl, triton
+from .backend import interpreting, launch, on_device, tl, triton
+from .group_norm_silu import NormSiLU
 from .implicit_gemm_conv import (
     IMPLICIT_GEMM_CONV,
     ConvConfig,
@@ -34,6 +44,7 @@ from .implicit_gemm_conv import (
     implicit_gemm_conv,
     implicit_gemm_conv_reference,
 )
+from .silu import silu_f32, use_fast_silu
 
 MAX_COLUMNS = 256  # spatial taps x output channels, one fp32 product row per pixel
 BLOCK_P = 256  # output pixels per tap-sum program
@@ -77,9 +88,23 @@ def pack_narrow_conv_weight(weight: torch.Tensor) -> NarrowWeight:
 
 
 def narrow_conv_reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                          padding=1) -> torch.Tensor:
-    """The test oracle: fp32 convolution + bias, rounded once, channels-last."""
+                          padding=1, prologue: NormSiLU | None = None) -> torch.Tensor:
+    """The test oracle: fp32 convolution + bias, rounded once, channels-last; with a
+    ``prologue``, of ``prologue_reference(x, prologue)``."""
+    if prologue is not None:
+        x = prologue_reference(x, prologue)
     return implicit_gemm_conv_reference(x, weight, bias, padding)
+
+
+def prologue_reference(x: torch.Tensor, prologue: NormSiLU) -> torch.Tensor:
+    """What pass 1 convolves under a ``prologue``: ``x * scale + shift`` (+ SiLU) in fp32,
+    rounded to x's dtype (the plain-torch twin)."""
+    n, c = x.shape[:2]
+    view = (n, c) + (1,) * (x.dim() - 2)
+    y = x.float() * prologue.scale.float().reshape(view) + prologue.shift.float().reshape(view)
+    if prologue.silu:
+        y = y * torch.sigmoid(y)
+    return y.to(x.dtype)
 
 
 def _pads(padding, rank: int) -> tuple[int, int, int]:
@@ -87,10 +112,23 @@ def _pads(padding, rank: int) -> tuple[int, int, int]:
     return (0, *pad) if rank == 4 else pad
 
 
+def _prologue_reason(x: torch.Tensor, prologue: NormSiLU | None) -> str | None:
+    if prologue is None:
+        return None
+    if x.dim() != 4:
+        return "a prologue on a 3-D conv"
+    for name, t in (("scale", prologue.scale), ("shift", prologue.shift)):
+        if (t.dtype != torch.float32 or t.device != x.device
+                or tuple(t.shape) != tuple(x.shape[:2]) or not t.is_contiguous()):
+            return f"prologue {name} is not a contiguous fp32 [n, C] on the input's device"
+    return None
+
+
 def narrow_conv_unsupported(x: torch.Tensor, weight: NarrowWeight, padding=1,
-                            bias: torch.Tensor | None = None) -> str | None:
+                            bias: torch.Tensor | None = None,
+                            prologue: NormSiLU | None = None) -> str | None:
     """Why ``narrow_conv`` cannot take these tensors (short, for the log); None if it can."""
-    reason = NARROW_CONV.tensor_reason(x)
+    reason = NARROW_CONV.tensor_reason(x) or _prologue_reason(x, prologue)
     if reason is not None:
         return reason
     if not isinstance(weight, NarrowWeight):
@@ -119,11 +157,15 @@ def narrow_conv_unsupported(x: torch.Tensor, weight: NarrowWeight, padding=1,
 
 def narrow_conv(x: torch.Tensor, weight: NarrowWeight, padding=1,
                 bias: torch.Tensor | None = None,
-                config: ConvConfig | None = None) -> torch.Tensor | None:
+                config: ConvConfig | None = None,
+                prologue: NormSiLU | None = None,
+                fast_silu: bool = False) -> torch.Tensor | None:
     """``conv(x, weight, padding) + bias``, stride 1, for a weight packed by
     ``pack_narrow_conv_weight``: a new channels-last(-3d) tensor in ``x.dtype``, or None when
-    unsupported (``narrow_conv_unsupported`` says why). ``config``: the tap-products tiling."""
-    if narrow_conv_unsupported(x, weight, padding, bias) is not None:
+    unsupported (``narrow_conv_unsupported`` says why). ``config``: the tap-products tiling;
+    ``prologue``: convolve the normalised input instead (the module's note), SiLU in its MUFU
+    form where ``fast_silu`` asks and the device takes it."""
+    if narrow_conv_unsupported(x, weight, padding, bias, prologue) is not None:
         return None
     pt, ph, pw = _pads(padding, x.dim())
     time_pad = 0 if x.dim() == 4 else (pt, 0, 0)
@@ -131,8 +173,11 @@ def narrow_conv(x: torch.Tensor, weight: NarrowWeight, padding=1,
         # Output frames innermost: the frames the temporal taps share are read while cached.
         config = replace(default_config(x.shape[1], weight.taps.shape[4]),
                          time_inner=weight.kt > 1)
-    products = implicit_gemm_conv(x, weight.taps, time_pad, config=config,
-                                  out_dtype=torch.float32)
+    if prologue is not None:
+        products = _prologue_products(x, weight.taps, prologue, config, fast_silu)
+    else:
+        products = implicit_gemm_conv(x, weight.taps, time_pad, config=config,
+                                      out_dtype=torch.float32)
     if products is None:  # the checks above are implicit_gemm_conv's; a decline is a bug
         raise RuntimeError("implicit_gemm_conv declined the tap products")
     p5 = products if products.dim() == 5 else products.unsqueeze(2)
@@ -152,7 +197,66 @@ def narrow_conv(x: torch.Tensor, weight: NarrowWeight, padding=1,
     return out
 
 
+def _prologue_products(x: torch.Tensor, taps: torch.Tensor, prologue: NormSiLU,
+                       config: ConvConfig, fast_silu: bool) -> torch.Tensor:
+    """Pass 1 under a prologue (2-D x): the fp32 products of ``silu(x * scale + shift)`` as
+    ``implicit_gemm_conv`` lays them out, a channels-last [n, columns, h, w] tensor."""
+    n, c, h, w = x.shape
+    columns = taps.shape[4]
+    hw = h * w
+    out = torch.empty((n, columns, h, w), dtype=torch.float32, device=x.device,
+                      memory_format=torch.channels_last)
+    with on_device(x.device):
+        launch(_prologue_products_kernel, (-(-hw // config.block_m), n),
+            x, taps, prologue.scale, prologue.shift, out, hw, c,
+            COLUMNS=columns, SILU=bool(prologue.silu),
+            FAST_SILU=use_fast_silu(fast_silu, x.device), DOT_FP32=interpreting(),
+            BLOCK_M=config.block_m, BLOCK_K=config.block_k,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )
+    return out
+
+
 if triton is not None:
+
+    @triton.jit(do_not_specialize=["HW", "C"])
+    def _prologue_products_kernel(
+        x_ptr, w_ptr, scale_ptr, shift_ptr, p_ptr, HW, C,
+        COLUMNS: tl.constexpr, SILU: tl.constexpr, FAST_SILU: tl.constexpr,
+        DOT_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    ):
+        # Rows are the pixels of sample n (channels-last: row p starts at (n * HW + p) * C, int64
+        # since n * HW * C can pass 2^31); columns the packed (kh, kw, co) taps, all of them in one
+        # tile (at most MAX_COLUMNS). The normalised tile is rounded to x's dtype before the
+        # product: the values a norm pass would have stored and the unfused conv read.
+        pid = tl.program_id(0)
+        n = tl.program_id(1)
+        rows = pid * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rows < HW
+        row_off = (n.to(tl.int64) * HW + rows) * C
+        cols = tl.arange(0, COLUMNS)
+        ks = tl.arange(0, BLOCK_K)
+        acc = tl.zeros((BLOCK_M, COLUMNS), dtype=tl.float32)
+        for c0 in range(0, C, BLOCK_K):
+            k = c0 + ks
+            k_ok = k < C
+            a = tl.load(x_ptr + row_off[:, None] + k[None, :],
+                        mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            scale = tl.load(scale_ptr + n * C + k, mask=k_ok, other=0.0)
+            shift = tl.load(shift_ptr + n * C + k, mask=k_ok, other=0.0)
+            y = a.to(tl.float32) * scale[None, :] + shift[None, :]
+            if SILU:
+                y = silu_f32(y, FAST_SILU)
+            # Channels past C meet zero weight rows; rows past HW are never stored.
+            a = y.to(x_ptr.dtype.element_ty)
+            b = tl.load(w_ptr + k[:, None] * COLUMNS + cols[None, :], mask=k_ok[:, None],
+                        other=0.0)
+            if DOT_FP32:
+                a = a.to(tl.float32)
+                b = b.to(tl.float32)
+            acc = tl.dot(a, b, acc)
+        tl.store(p_ptr + (n.to(tl.int64) * HW + rows)[:, None] * COLUMNS + cols[None, :], acc,
+                 mask=row_ok[:, None])
 
     @triton.jit(do_not_specialize=["PIXELS", "H", "W", "H_OUT", "W_OUT"])
     def _tap_sum_kernel(
@@ -195,4 +299,5 @@ __all__ = [
     "narrow_conv_reference",
     "narrow_conv_unsupported",
     "pack_narrow_conv_weight",
+    "prologue_reference",
 ]

@@ -12,6 +12,7 @@ import torch
 from fast_vae_decode.fastpath import conv_routes
 from fast_vae_decode.fastpath.conv_routes import CUDNN, NARROW_CONV, conv_route
 from fast_vae_decode.fastpath.families.kl import ops as kl_ops
+from fast_vae_decode.fastpath.families.kl import settings as kl_settings
 from fast_vae_decode.fastpath.families.wan import ops as wan_ops
 from fast_vae_decode.fastpath.gate import gate_for
 from fast_vae_decode.fastpath.install import install_fast_path
@@ -64,16 +65,14 @@ KL_HEAD_ROUTE = conv_routes.ConvRoute(NARROW_CONV, 3, ((3, 3),), "test")
 
 @pytest.fixture
 def kl_pair():
-    from support.kl_models import _latent, tiny_vae
+    from support.kl_models import bf16_pair
 
-    stock = tiny_vae().to(torch.bfloat16)
-    fast = tiny_vae().to(torch.bfloat16)
-    install_fast_path(fast)
-    return stock, fast, _latent(dtype=torch.bfloat16)
+    return bf16_pair()
 
 
 def test_kl_head_runs_narrow_conv_and_stays_close(kl_pair, monkeypatch):
     stock, fast, z = kl_pair
+    monkeypatch.setattr(kl_settings.settings, "fused_head", False)  # the head on its route
     spy = _Spy(monkeypatch, kl_ops)
     monkeypatch.setattr(conv_routes, "ROUTES", (KL_HEAD_ROUTE,))
     got = _decode(fast, z, True)
@@ -87,6 +86,7 @@ def test_kl_head_runs_narrow_conv_and_stays_close(kl_pair, monkeypatch):
 
 def test_kl_without_a_route_keeps_cudnn(kl_pair, monkeypatch):
     stock, fast, z = kl_pair
+    monkeypatch.setattr(kl_settings.settings, "fused_head", False)  # the head on its route
     spy = _Spy(monkeypatch, kl_ops)
     routed_off = _decode(fast, z, True)  # the table as shipped: the KL head stays on cuDNN
     assert spy.calls == 0

@@ -21,6 +21,7 @@ from fast_vae_decode.kernels.group_norm_silu import (
     PREFETCH_MODES,
     GroupNormSiLUConfig,
     add_bias_residual_group_stats_,
+    group_norm_scale_shift,
     group_norm_silu,
     group_norm_silu_reference,
     group_norm_silu_unsupported,
@@ -145,6 +146,31 @@ def test_residual_add_hands_its_statistics_to_the_norm(shape, dtype, config):
     own = group_norm_silu(out, weight, bias, g, EPS, config=config)
     assert torch.equal(handed, own)
     _check(out, weight, bias, g, config=config)  # and both are the norm of the sum
+
+
+@pytest.mark.parametrize("config", [None, TINY], ids=["default", "tiny"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_scale_shift_are_the_norms_own_factors(shape, config):
+    """``group_norm_scale_shift`` (passes 1 and 2 without the apply pass) folds the norm to the
+    factors the apply pass uses: applied by the plain-torch twin they give the norm's output,
+    and statistics handed over by a residual add give the same factors bit for bit."""
+    from fast_vae_decode.kernels.narrow_conv import prologue_reference
+
+    n, c, h, w, g = shape
+    x = _input(n, c, h, w, torch.float32, seed=4)
+    weight, bias = _affine(c)
+    for silu in (True, False):
+        folded = group_norm_scale_shift(x, weight, bias, g, EPS, silu, config=config)
+        assert folded.scale.shape == folded.shift.shape == (n, c) and folded.silu is silu
+        assert folded.scale.dtype == folded.shift.dtype == torch.float32
+        normed = group_norm_silu(x, weight, bias, g, EPS, silu, config=config)
+        torch.testing.assert_close(prologue_reference(x, folded), normed, rtol=1e-5, atol=1e-5)
+    summed = x.clone(memory_format=torch.channels_last)
+    stats = add_bias_residual_group_stats_(summed, None, torch.zeros_like(x), g, config=config)
+    handed = group_norm_scale_shift(summed, weight, bias, g, EPS, config=config, stats=stats)
+    own = group_norm_scale_shift(summed, weight, bias, g, EPS, config=config)
+    assert torch.equal(handed.scale, own.scale) and torch.equal(handed.shift, own.shift)
+    assert group_norm_scale_shift(x, weight[:-1], bias, g, EPS) is None  # declines as the norm does
 
 
 # Prefetch changes only when tiles are loaded: every shape above (whole tiles, a tail, HW under

@@ -34,3 +34,33 @@ def test_matches_reference_at_real_sizes(case):
     expected = narrow_conv_reference(x, w, b, padding)
     assert y is not None and y.shape == expected.shape
     torch.testing.assert_close(y.float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
+
+
+PROLOGUE_CASES = [  # (input shape) of the KL heads the prologue serves: 128 -> 3, 3x3, padding 1
+    (1, 128, 1024, 1024),  # SDXL / Flux 1024²
+    (4, 128, 768, 512),  # SD1.5 768x512 batch 4: per-sample factors
+    (1, 128, 2048, 2048),  # SDXL 2048²: 2^29 input elements, offsets past 2^31 bytes
+]
+
+
+@pytest.mark.parametrize("shape", PROLOGUE_CASES, ids=str)
+def test_prologue_at_real_sizes(shape):
+    # The fused head against the unfused one (the norm's activation written by the twin, then
+    # narrow_conv): the same rounded activation, the products summed in the same tiles.
+    from fast_vae_decode.kernels.group_norm_silu import NormSiLU
+    from fast_vae_decode.kernels.narrow_conv import prologue_reference
+
+    x, w, b = conv_tensors(shape, 3, (3, 3), device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n, c = shape[:2]
+    prologue = NormSiLU((1 + 0.5 * torch.randn((n, c), generator=g, device="cuda")).contiguous(),
+                        (0.5 * torch.randn((n, c), generator=g, device="cuda")).contiguous())
+    packed = pack_narrow_conv_weight(w)
+    fused = narrow_conv(x, packed, 1, b, prologue=prologue)
+    activation = prologue_reference(x, prologue)
+    unfused = narrow_conv(activation, packed, 1, b)
+    assert fused is not None and fused.shape == unfused.shape
+    # One bf16 step where torch and the kernel round an activation differently (FMA), rarely.
+    torch.testing.assert_close(fused.float(), unfused.float(), rtol=2.0**-7, atol=2.0**-7)
+    expected = narrow_conv_reference(activation, w, b, 1)
+    torch.testing.assert_close(fused.float(), expected.float(), rtol=2.0**-6, atol=2.0**-6)

@@ -34,6 +34,17 @@ def _latent(shape=TINY_LATENT, seed=1, device="cpu", dtype=torch.float32):
     return torch.randn(shape, generator=gen).to(device=device, dtype=dtype)
 
 
+def bf16_pair():
+    """(stock, installed, latent): two copies of the tiny VAE in bf16, the second with the fast
+    path installed (the routed heads take half precision only)."""
+    from fast_vae_decode.fastpath.install import install_fast_path
+
+    stock = tiny_vae().to(torch.bfloat16)
+    fast = tiny_vae().to(torch.bfloat16)
+    install_fast_path(fast)
+    return stock, fast, _latent(dtype=torch.bfloat16)
+
+
 def _decode(model, z, is_open=None):
     with torch.no_grad():
         if is_open is None:

@@ -28,7 +28,7 @@ from .ops import (
     add_bias_residual_,
     channels_last_decode,
     conv2d,
-    routed_conv2d,
+    norm_silu_head,
     to_channels_last,
     weights_reason,
 )
@@ -84,14 +84,13 @@ class _FusedDecoder(FusedModule):
 
     def prewarm(self, device, dtype):
         """The decoder's own kernels (the blocks warm up their own): conv_in's bias add,
-        norm_out, the head conv (its routed op, or the bias add after cuDNN)."""
+        the last norm and the head conv (fused, or the norm kernel and the head's routed op)."""
         conv_in, norm_out, conv_out = self._ends()
         with weights_for_call():
             if self.fast_unsupported(tiny_input(conv_in.in_channels, 4, device, dtype)) is not None:
                 return
             add_bias_residual_(tiny_input(conv_in.out_channels, 4, device, dtype), bias_of(conv_in))
-            norm_out.norm_silu(tiny_input(norm_out.num_channels, 4, device, dtype))
-            routed_conv2d(conv_out, tiny_input(conv_out.in_channels, 4, device, dtype))
+            norm_silu_head(norm_out, conv_out, tiny_input(norm_out.num_channels, 4, device, dtype))
 
     def fast_forward(self, z, *args, **kwargs):
         # Everything in the settings may change which kernels the decode launches.
@@ -113,7 +112,7 @@ class _FusedDecoder(FusedModule):
             h = to_channels_last(conv2d(conv_in, _conv_in_layout(z), use_bias=False))
             h = add_bias_residual_(h, bias_of(conv_in))
             h = self._blocks(h)
-            h = routed_conv2d(conv_out, norm_out.norm_silu(h))
+            h = norm_silu_head(norm_out, conv_out, h)
             h = self._finish(h)
         return self._output(h)
 

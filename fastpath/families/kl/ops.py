@@ -19,12 +19,14 @@ from ....kernels import group_norm_silu as _group_norm_silu
 from ....kernels.bias_residual_add import bias_residual_add_
 from ....kernels.group_norm_silu import (
     GroupStats,
+    NormSiLU,
     add_bias_residual_group_stats_,
+    group_norm_scale_shift,
     group_norm_silu,
     group_norm_silu_unsupported,
 )
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
-from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
+from ....kernels.narrow_conv import narrow_conv, narrow_conv_unsupported, pack_narrow_conv_weight
 from ....kernels.winograd_conv import winograd_conv, winograd_conv_unsupported, winograd_weight
 from ...cache import cached
 from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
@@ -141,18 +143,42 @@ def resnet_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     return conv2d(conv, x, use_bias=False)
 
 
+def _narrow_weight(conv: torch.nn.Module):
+    """``conv``'s weight packed for ``narrow_conv``, once per weight version."""
+    weight = weight_of(conv)
+    return cached(conv, "narrow_conv", (weight,),
+                  lambda: pack_narrow_conv_weight(weight.detach()), keep=is_stable(conv))
+
+
 def routed_conv2d(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     """``conv`` with its bias on channels-last ``x``, on the op ``conv_routes`` picks for its
     shape; cuDNN (bias added in one channels-last pass) otherwise, or where that op declines."""
     if (_plain_conv(conv) and conv_route(conv.out_channels, tuple(conv.kernel_size)) == NARROW_CONV
             and _NARROW_CONV_INPUT.tensor_reason(x) is None):
-        weight = weight_of(conv)
-        packed = cached(conv, "narrow_conv", (weight,),
-                        lambda: pack_narrow_conv_weight(weight.detach()), keep=is_stable(conv))
-        y = narrow_conv(x, packed, tuple(conv.padding), bias_of(conv))
+        y = narrow_conv(x, _narrow_weight(conv), tuple(conv.padding), bias_of(conv))
         if y is not None:
             return y
     return add_bias_residual_(conv2d(conv, x, use_bias=False), bias_of(conv))
+
+
+def norm_silu_head(norm: FusedGroupNormSiLU, conv: torch.nn.Conv2d,
+                   x: torch.Tensor) -> torch.Tensor:
+    """``conv(silu(norm(x)))`` with the conv's bias: a decoder's last norm and its head conv.
+
+    Where ``settings.fused_head`` is on and ``narrow_conv`` takes the conv, the norm is its
+    prologue: only the statistics pass reads x before the conv does, and the normalised
+    activation is never written (``kernels.narrow_conv``'s note). Otherwise the norm kernel,
+    then ``routed_conv2d``. Both convolve the same rounded activation."""
+    if (settings.fused_head and _plain_conv(conv)
+            and _NARROW_CONV_INPUT.tensor_reason(x) is None):
+        packed = _narrow_weight(conv)
+        padding, bias = tuple(conv.padding), bias_of(conv)
+        if narrow_conv_unsupported(x, packed, padding, bias) is None:
+            y = narrow_conv(x, packed, padding, bias, prologue=norm.scale_shift(x),
+                            fast_silu=settings.fast_silu)
+            if y is not None:
+                return y
+    return routed_conv2d(conv, norm.norm_silu(x))
 
 
 _DECODE = threading.local()
@@ -256,6 +282,19 @@ class FusedGroupNormSiLU(FusedModule):
 
     def fast_forward(self, x):
         return self.norm_silu(x, silu=False)
+
+    def scale_shift(self, x: torch.Tensor) -> NormSiLU:
+        """The norm + SiLU of channels-last ``x`` folded to per-channel factors, for a consumer
+        that applies them as it reads x (``norm_silu_head``); raises if the kernel declines,
+        as ``norm_silu`` does."""
+        weight, bias = weight_of(self), bias_of(self)
+        folded = group_norm_scale_shift(x, weight, bias, self.num_groups, self.eps,
+                                        stats=take_handed_stats(x),
+                                        prefetch=settings.group_norm_prefetch)
+        if folded is None:
+            raise RuntimeError("group_norm_scale_shift declined: " + str(
+                group_norm_silu_unsupported(x, weight, bias, self.num_groups)))
+        return folded
 
     def norm_silu(self, x: torch.Tensor, silu: bool = True,
                   input_bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -107,6 +107,11 @@ class KLSettings:
     # 1.0-1.2 dB over stock; and the transformed weights (4x the 3x3 weights' elements) stay in
     # VRAM. A setting so that whole decodes can be interleaved and their PSNR read on the GPU.
     winograd_min_channels: int = 0
+    # The last GroupNorm + SiLU as the head conv's prologue (``ops.norm_silu_head``: the head
+    # on ``narrow_conv`` with the norm applied as pass 1 reads x) instead of the norm's apply
+    # pass writing the activation and the head conv reading it back (cuDNN: ``conv_routes``
+    # keeps 2-D heads there). Same rounded activation either way.
+    fused_head: bool = True
     # (No two-launch GroupNorm: a statistics pass whose last program per sample combined the
     # groups was measured at 3cdeced, interleaved against these defaults, 15 rounds: +3.2 / +3.5
     # / +3.2% on SDXL / Flux 1024² / SD1.5 768x512 batch 4 under 0.33, +2.7 / +2.9 / +2.8% under
