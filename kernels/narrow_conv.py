@@ -117,6 +117,8 @@ def _prologue_reason(x: torch.Tensor, prologue: NormSiLU | None) -> str | None:
         return None
     if x.dim() != 4:
         return "a prologue on a 3-D conv"
+    if not x.is_contiguous(memory_format=torch.channels_last):
+        return "a prologue needs a dense channels-last input"  # pass 1 indexes pixels densely
     for name, t in (("scale", prologue.scale), ("shift", prologue.shift)):
         if (t.dtype != torch.float32 or t.device != x.device
                 or tuple(t.shape) != tuple(x.shape[:2]) or not t.is_contiguous()):

@@ -129,6 +129,10 @@ def test_prologue_declines():
     other_batch = _prologue(torch.cat([x, x]))
     assert narrow_conv_unsupported(x, packed, 1, b, other_batch).startswith("prologue scale")
     assert narrow_conv(x, packed, 1, b, prologue=half) is None
+    wide, _, _ = conv_tensors((1, 8, 4, 8), 3, (3, 3))  # every other column: channels innermost,
+    strided = wide[:, :, :, ::2]  # which narrow_conv takes, but not densely packed pixels
+    assert narrow_conv_unsupported(strided, packed, 1, b) is None
+    assert "dense" in narrow_conv_unsupported(strided, packed, 1, b, prologue)
     v, w3, b3 = conv_tensors((1, 8, 3, 4, 4), 3, (3, 3, 3))
     assert narrow_conv_unsupported(v, pack_narrow_conv_weight(w3), (0, 1, 1), b3,
                                    _prologue(v)) == "a prologue on a 3-D conv"
