@@ -34,7 +34,9 @@ ROUTES: tuple[ConvRoute, ...] = (
     # ms at narrow_conv's default tiling against cuDNN's 0.369 (0.340 at the best tiling
     # tried: 1.08x, not worth its compile time); nor a causal head's uncached single frame
     # (Wan 2.1 1x96x1x480x832: 0.296 default / 0.174 best vs 0.192; Wan 2.2: 0.288 best vs
-    # 0.263).
+    # 0.263). (Those were timed one call per event pair; s45's queued timer reads the 2-D
+    # head at 0.249 ms against cuDNN's 0.358 on an H100. The KL decoders now reach narrow_conv
+    # anyway, with their last norm as its prologue: ``kl.settings.fused_head``.)
     ConvRoute(NARROW_CONV, max_cout=12, kernels=((3, 3, 3),),
               measured="H200, torch 2.11, Triton 3.6, bf16, 2026-12-01, default tiling: "
                        "Wan 2.1 head 1x96x6x480x832 -> 3: 0.496 ms vs cuDNN (2-D taps) 1.270 "
