@@ -64,3 +64,27 @@ def test_prologue_at_real_sizes(shape):
     torch.testing.assert_close(fused.float(), unfused.float(), rtol=2.0**-7, atol=2.0**-7)
     expected = narrow_conv_reference(activation, w, b, 1)
     torch.testing.assert_close(fused.float(), expected.float(), rtol=2.0**-6, atol=2.0**-6)
+
+
+def test_prologue_input_past_int32_elements():
+    # 2^31 + 2^20 input elements: the last rows' pixel offsets (and the products' past 2^31
+    # floats) exceed int32. The last and first 8 output rows against the twin on the rows they
+    # read.
+    from fast_vae_decode.kernels.group_norm_silu import NormSiLU
+
+    shape = (1, 128, 4104, 4096)
+    x = torch.empty(shape, device="cuda", dtype=torch.bfloat16, memory_format=torch.channels_last)
+    x.normal_()
+    g = torch.Generator(device="cuda").manual_seed(6)
+    w = (torch.randn((3, 128, 3, 3), generator=g, device="cuda") / 34).bfloat16()
+    b = (0.1 * torch.randn(3, generator=g, device="cuda")).bfloat16()
+    prologue = NormSiLU((1 + 0.5 * torch.randn((1, 128), generator=g, device="cuda")).contiguous(),
+                        (0.5 * torch.randn((1, 128), generator=g, device="cuda")).contiguous())
+    y = narrow_conv(x, pack_narrow_conv_weight(w), 1, b, prologue=prologue)
+    assert y is not None
+    tail = x[:, :, -9:].contiguous(memory_format=torch.channels_last)
+    expected = narrow_conv_reference(tail, w, b, 1, prologue=prologue)[:, :, 1:]
+    torch.testing.assert_close(y[:, :, -8:].float(), expected.float(), rtol=2.0**-6, atol=2.0**-6)
+    head = x[:, :, :9].contiguous(memory_format=torch.channels_last)
+    expected = narrow_conv_reference(head, w, b, 1, prologue=prologue)[:, :, :8]
+    torch.testing.assert_close(y[:, :, :8].float(), expected.float(), rtol=2.0**-6, atol=2.0**-6)
