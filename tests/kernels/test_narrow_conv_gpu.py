@@ -67,9 +67,8 @@ def test_prologue_at_real_sizes(shape):
 
 
 def test_prologue_input_past_int32_elements():
-    # 2^31 + 2^20 input elements: the last rows' pixel offsets (and the products' past 2^31
-    # floats) exceed int32. The last and first 8 output rows against the twin on the rows they
-    # read.
+    # 2^31 + 2^20 input elements: pass 1's element offsets into x exceed int32 in the last
+    # rows. The last and first 8 output rows against the twin on the rows they read.
     from fast_vae_decode.kernels.group_norm_silu import NormSiLU
 
     shape = (1, 128, 4104, 4096)
