@@ -378,16 +378,16 @@ def group_norm_scale_shift(
     n, c, h, w = x.shape
     if config is None:
         config = group_norm_silu_config(n, c, h * w, num_groups, _sm_count(x.device), prefetch)
-    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats)
+    plan = _launch_plan(n, c, h * w, num_groups, config)
+    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, plan, stats)
     return NormSiLU(scale.view(n, c), shift.view(n, c), bool(silu))
 
 
-def _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats):
-    """Passes 1 (unless ``stats`` were handed over for this problem) and 2: the per-channel fp32
-    scale and shift, each ``n * C`` long."""
+def _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, plan, stats):
+    """Passes 1 (unless ``stats`` were handed over for this problem) and 2 under the caller's
+    launch ``plan``: the per-channel fp32 scale and shift, each ``n * C`` long."""
     n, c, h, w = x.shape
     hw = h * w
-    plan = _launch_plan(n, c, hw, num_groups, config)
     weight = None if weight is None else weight.contiguous()
     bias = None if bias is None else bias.contiguous()
     input_bias = None if input_bias is None else input_bias.contiguous()
@@ -462,7 +462,7 @@ def group_norm_silu(
         config = group_norm_silu_config(n, c, hw, num_groups, _sm_count(x.device), prefetch,
                                         fast_silu)
     plan = _launch_plan(n, c, hw, num_groups, config)
-    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, stats)
+    scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, plan, stats)
     out = torch.empty_like(x, memory_format=torch.channels_last)
     with on_device(x.device):
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),

@@ -17,7 +17,12 @@ from fast_vae_decode.kernels.implicit_gemm_conv import (
     implicit_gemm_conv_reference,
     pack_conv_weight,
 )
-from support.conv_inputs import conv_tensors, true_fp32_oracle  # noqa: F401 (autouse fixture)
+from support.conv_inputs import (  # noqa: F401 (true_fp32_oracle: an autouse fixture)
+    check_edge_rows,
+    conv_tensors,
+    past_int32_input,
+    true_fp32_oracle,
+)
 
 pytestmark = pytest.mark.cuda
 
@@ -68,17 +73,10 @@ def test_tma_variant_at_real_sizes(case):
 
 def test_input_past_int32_elements():
     # 2^31 + 2^20 elements: the last rows' pixel offsets exceed int32.
-    shape = (1, 128, 4104, 4096)
-    x = torch.empty(shape, device="cuda", dtype=torch.bfloat16, memory_format=torch.channels_last)
-    x.normal_()
+    x = past_int32_input()
     g = torch.Generator(device="cuda").manual_seed(0)
     w = (torch.randn((16, 128, 3, 3), generator=g, device="cuda") / 34).bfloat16()
     y = implicit_gemm_conv(x, pack_conv_weight(w), 1)
     assert y is not None
     # The last 8 rows (beyond 2^31 elements) against the oracle on the rows they read.
-    tail = x[:, :, -9:].contiguous(memory_format=torch.channels_last)
-    expected = implicit_gemm_conv_reference(tail, w, None, 1)[:, :, 1:]
-    torch.testing.assert_close(y[:, :, -8:].float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
-    head = x[:, :, :9].contiguous(memory_format=torch.channels_last)
-    expected = implicit_gemm_conv_reference(head, w, None, 1)[:, :, :8]
-    torch.testing.assert_close(y[:, :, :8].float(), expected.float(), rtol=2.0**-7, atol=2.0**-7)
+    check_edge_rows(y, x, lambda rows: implicit_gemm_conv_reference(rows, w, None, 1), 2.0**-7)

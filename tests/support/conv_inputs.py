@@ -25,3 +25,26 @@ def true_fp32_oracle():
     torch.backends.cudnn.allow_tf32 = False
     yield
     torch.backends.cudnn.allow_tf32 = previous
+
+
+# 2^31 + 2^20 elements at 128 channels: the last rows' element offsets exceed int32.
+PAST_INT32_SHAPE = (1, 128, 4104, 4096)
+
+
+def past_int32_input() -> torch.Tensor:
+    """A channels-last bf16 CUDA input of ``PAST_INT32_SHAPE``, standard normal."""
+    x = torch.empty(PAST_INT32_SHAPE, device="cuda", dtype=torch.bfloat16,
+                    memory_format=torch.channels_last)
+    return x.normal_()
+
+
+def check_edge_rows(y: torch.Tensor, x: torch.Tensor, reference, tol: float) -> None:
+    """The first and last 8 output rows of a 3x3, padding-1 conv ``y`` of ``x`` against
+    ``reference`` (a function of an input) on the 9 input rows each run reads: the last rows
+    are where offsets past int32 would show."""
+    tail = x[:, :, -9:].contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y[:, :, -8:].float(), reference(tail)[:, :, 1:].float(),
+                               rtol=tol, atol=tol)
+    head = x[:, :, :9].contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(y[:, :, :8].float(), reference(head)[:, :, :8].float(),
+                               rtol=tol, atol=tol)

@@ -5,7 +5,8 @@ once, every block works on channels-last tensors, the final GroupNorm and the Si
 (ComfyUI: ``norm_out`` then the module-level ``nonlinearity``; diffusers: ``conv_norm_out`` then
 ``conv_act``) are applied by the head conv as it reads its input (``ops.norm_silu_head``; one
 norm kernel before it where that cannot run), and the output goes back to the stock
-(contiguous) layout, so code after the decoder sees what it always saw. With the gate closed it is the stock forward.
+(contiguous) layout, so code after the decoder sees what it always saw. With the gate closed
+it is the stock forward.
 
 The loop mirrors the stock decoder's order of blocks (a fact about the architecture, checked
 at install by ``families.kl``): conv_in, mid block, up levels from the deepest (res blocks, the

@@ -173,6 +173,8 @@ def norm_silu_head(norm: FusedGroupNormSiLU, conv: torch.nn.Conv2d,
             and _NARROW_CONV_INPUT.tensor_reason(x) is None):
         packed = _narrow_weight(conv)
         padding, bias = tuple(conv.padding), bias_of(conv)
+        # Asked before the statistics are taken: a decline leaves statistics a residual add
+        # handed over for the norm kernel below.
         if narrow_conv_unsupported(x, packed, padding, bias) is None:
             y = narrow_conv(x, packed, padding, bias, prologue=norm.scale_shift(x),
                             fast_silu=settings.fast_silu)
