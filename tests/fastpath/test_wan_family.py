@@ -293,6 +293,38 @@ def test_high_with_stacked_taps_convs_close_to_lossless(models, kind, shape, mon
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4], ("wan21", (1, 4, 4, 3, 5))],
+                         ids=[IDS[1], IDS[4], "wan21-4-frames"])
+def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monkeypatch):
+    """The Hopper padded-grid route forced on the CPU, its kernel stood in for by its GEMM twin
+    (``padded_grid_gemm_reference``, the kernel's own layout math): every batch-1 3x3x3 conv
+    but a lone first frame's reads a zero-padded grid that its norm wrote, with the cached and
+    zero frames copied in; the next caches come from the grid's interior. Off, the same decode
+    takes the other routes."""
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    def forced(conv, x, prev):
+        n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+        return (wan_ops.settings.padded_grid_conv and x.shape[0] == 1
+                and wan_ops._plain_3x3x3(conv) and (n_prev > 0 or x.shape[2] > 1))
+
+    monkeypatch.setattr(wan_ops, "padded_grid_route", forced)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
+                                                  "padded_grid_conv", "padded_grid_parts")
+    assert counts[False] == 0 and counts[True] > 0
+    torch.testing.assert_close(results[True], results[False], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_grid_route_needs_the_gpu_kernel_and_a_measured_shape():
+    """Off the GPU (or without the optional DSL) the route is never taken; on it, only the
+    widths ``padded_grid_conv.TILINGS`` lists."""
+    conv = torch.nn.Conv3d(96, 96, 3, padding=1)
+    x = torch.zeros(1, 96, 2, 4, 4, dtype=torch.bfloat16)
+    assert not wan_ops.padded_grid_route(conv, x, None)
+
+
 def test_stacked_input_holds_the_zero_and_cached_frames_and_declines_caches_it_cannot_tail(
         monkeypatch):
     """``stacked_input``: the buffer's slots hold the causal zeros and the cached frames where

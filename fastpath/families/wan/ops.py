@@ -18,6 +18,15 @@ import torch.nn.functional as F
 
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
+from ....kernels.padded_grid_conv import (
+    TILINGS as _PADDED_GRID_SHAPES,
+)
+from ....kernels.padded_grid_conv import (
+    dsl_unavailable_reason,
+    empty_padded,
+    pack_padded_grid_weight,
+    padded_grid_conv,
+)
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ....kernels.stacked_taps import (
     fill_stacked_,
@@ -533,6 +542,55 @@ def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
     return inp, inp[:, :, zeros + n_prev:], zeros
 
 
+# --- the padded-grid route (``kernels.padded_grid_conv``, CUTLASS DSL on Hopper) -------------
+
+
+def padded_grid_route(conv, x: torch.Tensor, prev: torch.Tensor | None) -> bool:
+    """Whether a residual block's causal 3x3x3 conv of new frames ``x`` after ``prev`` takes
+    ``padded_grid_conv``: where ``settings.padded_grid_conv`` is on, the DSL runs on ``x``'s
+    device, the channels have a measured tiling, and the assembled input has at least three
+    frames (a lone first frame keeps the routes above)."""
+    if not settings.padded_grid_conv or not x.is_cuda or x.dtype != torch.bfloat16:
+        return False
+    if x.dim() != 5 or x.shape[0] != 1 or not _plain_3x3x3(conv) or pads(conv) != (CACHE_T, 1, 1):
+        return False
+    if (conv.in_channels, conv.out_channels, 3) not in _PADDED_GRID_SHAPES:
+        return False
+    n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+    if n_prev == 0 and x.shape[2] == 1:
+        return False
+    return dsl_unavailable_reason(x.device) is None
+
+
+def padded_causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None):
+    """``causal_input`` for the padded-grid route: ``(padded grid, its interior, view of the
+    new frames, zero frames in front)``; the producer writes the new frames into the view."""
+    n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+    zeros = pads(conv)[0] - n_prev
+    if zeros < 0:
+        raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pads(conv)[0]}")
+    shape = list(x.shape)
+    shape[2] = zeros + n_prev + x.shape[2]
+    padded, inp = empty_padded(tuple(shape), x.dtype, x.device)
+    if zeros:
+        inp[:, :, :zeros].zero_()
+    if n_prev:
+        inp[:, :, zeros:zeros + n_prev].copy_(prev)
+    return padded, inp, inp[:, :, zeros + n_prev:], zeros
+
+
+def padded_grid_parts(conv, padded: torch.Tensor) -> list[torch.Tensor] | None:
+    """The conv (no bias) of its padded grid as one part, or None where the kernel declines
+    (the caller then convolves the grid's interior on cuDNN)."""
+    full = weight_of(conv)
+    if full.dtype != padded.dtype:
+        return None
+    packed = cached(conv, "padded_grid", (full,), lambda: pack_padded_grid_weight(full.detach()),
+                    keep=is_stable(conv))
+    y = padded_grid_conv(padded, packed)
+    return None if y is None else [y]
+
+
 def next_cache(inp: torch.Tensor, zeros: int, new: int | None = None) -> torch.Tensor:
     """What the stock block caches for a conv: the last ``CACHE_T`` frames of ``prev ++ x``
     (``wan_code.JOINED``), which in the assembled input are the frames after the zero padding;
@@ -571,31 +629,37 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
     cache or None)``; the next cache is what the stock block stores (``own``: ``wan_code.OWN``)
     where ``keep``.
 
-    The norm writes straight into the conv's input: its own tensor where the conv reads the
-    cached frames in place (``split_input_frames``), else behind them in an assembled buffer
+    The norm writes straight into the conv's input: the interior of a zero-padded grid on the
+    Hopper route (``padded_grid_route``), its own tensor where the conv reads the cached
+    frames in place (``split_input_frames``), else behind them in an assembled buffer
     (``causal_input``), together with the frames the conv caches (``cache_tail``) where they
     are new ones. ``inputs`` is emptied once the norm has read it, so the caller's last
     reference to them goes before the conv allocates its outputs (peak memory).
     """
     x, addends = inputs[0], tuple(inputs[1:])
-    stacked = stacked_input(conv, x, prev, keep, own)
-    if stacked is not None:
-        buffer, first, cache = stacked
-        norm_silu(norm, x, addends=addends, in_bias=in_bias, tail=cache, stacked=(buffer, first))
-        inputs.clear()
-        del x, addends
-        return stacked_parts(conv, buffer), cache
-    new = split_input_frames(conv, x, prev)
-    if new is not None:
-        cache = split_cache(new) if keep else None
-        norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new,
-                  tail=None if cache is new else cache)
-        inputs.clear()
-        del x, addends
-        if keep and cache is None:
-            cache = next_cache(new, 0)
-        return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache
-    inp, new, zeros = causal_input(conv, x, prev, writable=True)
+    padded = None
+    if padded_grid_route(conv, x, prev):
+        padded, inp, new, zeros = padded_causal_input(conv, x, prev)
+    else:
+        stacked = stacked_input(conv, x, prev, keep, own)
+        if stacked is not None:
+            buffer, first, cache = stacked
+            norm_silu(norm, x, addends=addends, in_bias=in_bias, tail=cache,
+                      stacked=(buffer, first))
+            inputs.clear()
+            del x, addends
+            return stacked_parts(conv, buffer), cache
+        new = split_input_frames(conv, x, prev)
+        if new is not None:
+            cache = split_cache(new) if keep else None
+            norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new,
+                      tail=None if cache is new else cache)
+            inputs.clear()
+            del x, addends
+            if keep and cache is None:
+                cache = next_cache(new, 0)
+            return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache
+        inp, new, zeros = causal_input(conv, x, prev, writable=True)
     cache = cache_tail(inp, zeros, new, own) if keep else None
     norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new, tail=cache)
     inputs.clear()
@@ -603,7 +667,8 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
     if keep and cache is None:
         cache = next_cache(inp, zeros, new.shape[2] if own else None)
     del new
-    return conv_parts(conv, inp), cache
+    parts = None if padded is None else padded_grid_parts(conv, padded)
+    return (conv_parts(conv, inp) if parts is None else parts), cache
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,

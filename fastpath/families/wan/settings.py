@@ -92,6 +92,13 @@ class WanSettings:
     # x81 moved -0.3 / -0.3% on 0.8 and +2.1 / -0.1% on 0.33, inside their spreads: no gain
     # measured end to end, so the simpler route stays.
     stacked_taps: bool = False
+    # A residual block's 3x3x3 convs with a measured tiling (``kernels.padded_grid_conv``:
+    # Wan 2.1's 96, 192 and 384 channels) as one CUTLASS-DSL WGMMA GEMM over a zero-padded
+    # input that the norm before it writes, where the optional ``nvidia-cutlass-dsl`` is
+    # installed and the GPU is an sm_90 (Hopper). Alone, CUTLASS's example kernel fed that
+    # input ran those convs 1.08-1.26x faster than the routes below on an H100 (s47 lab),
+    # with one output where the 96-channel taps wrote three. Off until a decode measures it.
+    padded_grid_conv: bool = False
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200

@@ -1,0 +1,424 @@
+"""Stride-1 3x3 / 3x3x3 convolution on Hopper as a WGMMA GEMM in CUTLASS's Python DSL (CuTe
+DSL), fed by one TMA view of a zero-padded input: no im2col buffer, no per-tap outputs.
+
+The padded grid: the input is stored with one zero pixel around each frame, (T_in, H + 2,
+W + 2, C) with C innermost (a channels-last-3d (1, C, T_in, H + 2, W + 2) tensor), so every
+window lies inside it. The GEMM's rows are that grid's pixels q = t * (H+2)(W+2) + y * (W+2) + x
+(the window's top-left corner), its reduction runs over (channel, dx, dy, dt), and the input
+element it needs is at pixel q + dt * (H+2)(W+2) + dy * (W+2) + dx: affine in (q, c, dx, dy, dt),
+so one tensor-memory-accelerator descriptor of five dimensions loads every tap's tile. Rows
+whose window starts in the padding (2 / (W+2) + 2 / (H+2) of the work) are computed and not
+stored: the epilogue writes the others to a dense channels-last-3d (1, N, T_out, H, W) output.
+The input holds KT - 1 frames more than the output (a causal conv's cached frames in front)
+and ``SLACK_ROWS(W)`` pixel rows of storage after its last frame, which the dropped windows of
+the last frame's bottom rows read.
+
+Measured (H100, docs/benchmark/s47): CUTLASS's own Hopper GEMM example fed this view ran Wan
+2.1's 192- and 384-channel 3x3x3 convs 1.19-1.26x faster than cuDNN's conv3d and its
+96-channel conv 1.08x faster than the three 2-D tap convs the fast path ran there, while
+writing one output instead of three; the 2-D KL convs stayed at 0.90-0.99x cuDNN's speed.
+``TILINGS`` holds the shapes this kernel takes and their tiles, as data; others decline.
+
+Optional: it needs ``nvidia-cutlass-dsl`` (no torch dependency, so installing it never replaces
+ComfyUI's torch) and an sm_90 GPU. Without them every call declines and the caller keeps its
+cuDNN route. Its plain-torch twin and test oracle is ``padded_grid_conv_reference``.
+
+One compile per (channels in, out, temporal taps, tiling), shapes at run time: 0.2-0.5 s each
+here (sm_90a, no GPU), cached by the DSL on disk like Triton's.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+try:  # optional: the DSL and its CUDA bindings
+    import cuda.bindings.driver as _cuda
+    import cutlass
+    import cutlass.cute as cute
+    import cutlass.pipeline as pipeline
+    import cutlass.utils as cutlass_utils
+    import cutlass.utils.hopper_helpers as sm90
+
+    DSL_IMPORT_ERROR: str | None = None
+except Exception as exc:  # ImportError, or a broken install raising anything at import
+    cutlass = cute = pipeline = cutlass_utils = sm90 = _cuda = None
+    DSL_IMPORT_ERROR = f"no CUTLASS DSL ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+
+SMEM_BYTES = 227 * 1024  # sm_90's dynamic shared memory per CTA
+# 32-bit offsets inside the kernel: the padded input and the output stay under 2^31 elements.
+MAX_ELEMENTS = 2**31 - 1
+
+
+def slack_rows(w: int) -> int:
+    """Pixel rows of storage the input needs after its last frame (windows starting in that
+    frame's two bottom padding rows reach 2 * (W + 2) + 2 pixels past it)."""
+    return 3 * (w + 2)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """One CTA's tile: ``block_m`` grid rows x ``block_n`` outputs x ``block_k`` reduction,
+    ``warpgroups`` MMA warpgroups splitting its rows."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    warpgroups: int
+
+    def __str__(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k}/wg{self.warpgroups}"
+
+
+# (channels in, out, temporal taps) -> tiling: the shapes the kernel takes, each the fastest
+# tiling of the one-CTA-per-tile kernel CUTLASS's example measured there (H100, s47 lab,
+# sweeps 1-3; clusters of two, which the example also tried, are not implemented here).
+TILINGS: dict[tuple[int, int, int], Tiling] = {
+    (96, 96, 3): Tiling(256, 96, 96, 2),     # Wan 2.1 full resolution
+    (192, 192, 3): Tiling(256, 192, 64, 2),  # Wan 2.1 240x416
+    (192, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208, first conv of the stage
+    (384, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208
+}
+
+
+def dsl_unavailable_reason(device: torch.device | None = None) -> str | None:
+    """None when the kernel may run on ``device``; otherwise a short reason for the log."""
+    if DSL_IMPORT_ERROR is not None:
+        return DSL_IMPORT_ERROR
+    if device is None or device.type != "cuda":
+        return "not a CUDA tensor"
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return "not an sm_90 GPU (Hopper)"
+    return None
+
+
+def padded_shape(x_shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The padded grid of a (1, C, T, H, W) input: (1, C, T, H + 2, W + 2)."""
+    n, c, t, h, w = x_shape
+    return (n, c, t, h + 2, w + 2)
+
+
+def empty_padded(x_shape: tuple[int, ...], dtype: torch.dtype,
+                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(padded, interior)``: a channels-last-3d padded grid for an input of ``x_shape``
+    (1, C, T, H, W) with its border zeroed and its slack rows allocated, and the view of its
+    interior, (1, C, T, H, W), which the producer writes."""
+    _, c, t, h, w = x_shape
+    h2, w2 = h + 2, w + 2
+    storage = torch.empty(((t * h2 + 3) * w2) * c, dtype=dtype, device=device)
+    grid = storage[:t * h2 * w2 * c].view(t, h2, w2, c)
+    grid[:, 0].zero_()
+    grid[:, -1].zero_()
+    grid[:, 1:-1, 0].zero_()
+    grid[:, 1:-1, -1].zero_()
+    # The slack rows stay unwritten: only dropped windows read them, and a GEMM row's sum
+    # never mixes with another's.
+    padded = grid.permute(3, 0, 1, 2).unsqueeze(0)  # (1, C, T, H2, W2), channels-last-3d
+    return padded, padded[:, :, :, 1:-1, 1:-1]
+
+
+def pack_padded_grid_weight(weight: torch.Tensor) -> torch.Tensor:
+    """[Cout, Cin, KT, 3, 3] (or a 2-D [Cout, Cin, 3, 3]) -> [Cout, KT, 3, 3, Cin] contiguous:
+    the B operand, its reduction order (channel, dx, dy, dt) innermost first."""
+    if weight.dim() == 4:
+        weight = weight.unsqueeze(2)
+    return weight.permute(0, 2, 3, 4, 1).contiguous()
+
+
+def padded_grid_conv_reference(padded: torch.Tensor, weight: torch.Tensor,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The twin and test oracle: the conv (no padding: the grid's border is the padding) of
+    the padded grid ``padded`` (1, C, T_in, H + 2, W + 2) with the stock ``weight``
+    [Cout, Cin, KT, 3, 3] in fp32, ``+ bias``, rounded once to the input's dtype,
+    channels-last-3d (1, Cout, T_in - KT + 1, H, W)."""
+    y = F.conv3d(padded.float(), weight.float(), None if bias is None else bias.float())
+    return y.to(padded.dtype).contiguous(memory_format=torch.channels_last_3d)
+
+
+def padded_grid_gemm_reference(padded: torch.Tensor, packed: torch.Tensor,
+                               bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The kernel's own GEMM in plain torch, fp32: rows of the padded grid, the reduction over
+    the affine view of the input (the packed weight's order), the rows whose windows start in
+    the padding dropped; the same result as ``padded_grid_conv_reference``. Like the kernel it
+    reads the storage's slack rows, so ``padded`` must come from ``empty_padded``. It builds
+    the (rows, K) operand: small shapes only (tests)."""
+    cout, kt, _, _, c = packed.shape
+    _, _, t_in, h2, w2 = padded.shape
+    t_out = t_in - kt + 1
+    rows = t_out * h2 * w2
+    a = padded.as_strided((rows, kt, 3, 3, c), (c, h2 * w2 * c, w2 * c, c, 1),
+                          padded.storage_offset())
+    y = a.reshape(rows, -1).float() @ packed.reshape(cout, -1).float().t()
+    if bias is not None:
+        y = y + bias.float()
+    y = y.view(t_out, h2, w2, cout)[:, :h2 - 2, :w2 - 2]
+    return y.to(padded.dtype).permute(3, 0, 1, 2).unsqueeze(0).contiguous(
+        memory_format=torch.channels_last_3d)
+
+
+def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
+                                 bias: torch.Tensor | None = None) -> str | None:
+    """Why ``padded_grid_conv`` cannot take these tensors (short, for the log); None if it can."""
+    reason = dsl_unavailable_reason(padded.device)
+    if reason is not None:
+        return reason
+    if padded.dim() != 5 or padded.shape[0] != 1:
+        return "not a batch-1 5-D input"
+    if padded.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16:
+        return "not bf16"
+    if not padded.is_contiguous(memory_format=torch.channels_last_3d):
+        return "input not a dense channels-last-3d padded grid"
+    if packed.dim() != 5 or not packed.is_contiguous() or tuple(packed.shape[2:4]) != (3, 3):
+        return "weight not packed by pack_padded_grid_weight"
+    cout, kt, _, _, cin = packed.shape
+    if cin != padded.shape[1]:
+        return f"weight takes {cin} channels, input has {padded.shape[1]}"
+    if (cin, cout, kt) not in TILINGS:
+        return f"{cin} -> {cout} channels, {kt} temporal taps: no measured tiling"
+    _, _, t_in, h2, w2 = padded.shape
+    if t_in < kt or h2 < 3 or w2 < 3:
+        return "input smaller than the kernel"
+    if padded.numel() + slack_rows(w2 - 2) * cin > MAX_ELEMENTS:
+        return "2^31 or more input elements"
+    if (t_in - kt + 1) * (h2 - 2) * (w2 - 2) * cout > MAX_ELEMENTS:
+        return "2^31 or more output elements"
+    if bias is not None and (bias.numel() != cout or bias.dtype != torch.float32
+                             or bias.device != padded.device):
+        return "bias not fp32 of the output's channels on its device"
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad
+                                       for t in (padded, packed, bias)):
+        return "autograd (the kernel has no backward)"
+    return None
+
+
+_COMPILED: dict[tuple, object] = {}
+_COMPILE_LOCK = threading.Lock()
+
+
+def _compiled(cin: int, cout: int, kt: int, has_bias: bool, stream):
+    key = (cin, cout, kt, has_bias)
+    fn = _COMPILED.get(key)
+    if fn is None:
+        with _COMPILE_LOCK:
+            fn = _COMPILED.get(key)
+            if fn is None:
+                kernel = _PaddedGridConvKernel(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias)
+                null = [_ptr(dt, 0) for dt in (cutlass.BFloat16, cutlass.BFloat16,
+                                               cutlass.Float32, cutlass.BFloat16)]
+                fn = cute.compile(kernel, *null, cutlass.Int32(1), cutlass.Int32(1),
+                                  cutlass.Int32(1), stream)
+                _COMPILED[key] = fn
+    return fn
+
+
+def _ptr(dtype, address: int):
+    return cute.runtime.make_ptr(dtype, address, cute.AddressSpace.gmem, assumed_align=16)
+
+
+def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
+                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The conv of the padded grid ``padded`` (see the module docstring; its storage must
+    extend ``slack_rows(W)`` pixel rows past it, as ``empty_padded`` allocates) with the weight
+    ``packed`` by ``pack_padded_grid_weight``, ``+ bias`` (fp32) rounded once to bf16: a new
+    channels-last-3d (1, Cout, T_in - KT + 1, H, W) tensor, or None when unsupported
+    (``padded_grid_conv_unsupported`` says why)."""
+    if padded_grid_conv_unsupported(padded, packed, bias) is not None:
+        return None
+    cout, kt, _, _, cin = packed.shape
+    _, _, t_in, h2, w2 = padded.shape
+    t_out, h, w = t_in - kt + 1, h2 - 2, w2 - 2
+    out = torch.empty((1, cout, t_out, h, w), dtype=padded.dtype, device=padded.device,
+                      memory_format=torch.channels_last_3d)
+    with torch.cuda.device(padded.device):
+        stream = _cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        fn = _compiled(cin, cout, kt, bias is not None, stream)
+        fn(_ptr(cutlass.BFloat16, padded.data_ptr()), _ptr(cutlass.BFloat16, packed.data_ptr()),
+           _ptr(cutlass.Float32, bias.data_ptr() if bias is not None else packed.data_ptr()),
+           _ptr(cutlass.BFloat16, out.data_ptr()), t_out, h, w, stream)
+    return out
+
+
+if cute is not None:
+
+    def _load_stage(ring, put, loads) -> None:
+        """Warp 0: wait for stage ``put`` to be free, then TMA the next k-tile of A and B into
+        it (the stage's barrier counts the bytes). The caller advances ``put``: the DSL
+        carries loop state only through assignments it sees in the loop body."""
+        tma_a, tag, tas, tma_b, tbg, tbs = loads
+        ring.producer_acquire(put)
+        bar = ring.producer_get_barrier(put)
+        cute.copy(tma_a, tag[(None, put.count)], tas[(None, put.index)], tma_bar_ptr=bar)
+        cute.copy(tma_b, tbg[(None, put.count)], tbs[(None, put.index)], tma_bar_ptr=bar)
+
+    class _PaddedGridConvKernel:
+        """One (channels in, out, temporal taps, tiling); frames and sizes at run time.
+
+        One CTA per output tile. Warp 0 keeps a ring of shared-memory stages filled ahead by
+        TMA; the warpgroups run the WGMMAs with one group in flight and hand a stage back when
+        the group that read it has finished.
+        """
+
+        def __init__(self, cin: int, cout: int, kt: int, tiling: Tiling, has_bias: bool):
+            self.c, self.n, self.kt, self.has_bias = cin, cout, kt, has_bias
+            self.bm, self.bn, self.bk, self.wgs = (tiling.block_m, tiling.block_n,
+                                                   tiling.block_k, tiling.warpgroups)
+            self.k = cin * 9 * kt
+            self.k_tiles = self.k // self.bk
+            stage_bytes = (self.bm + self.bn) * self.bk * 2
+            self.stages = max(2, min(8, (SMEM_BYTES - 1024) // stage_bytes))
+            self.threads = 128 * self.wgs
+
+        @cute.jit
+        def __call__(self, x_ptr: cute.Pointer, w_ptr: cute.Pointer, bias_ptr: cute.Pointer,
+                     out_ptr: cute.Pointer, f_out: cutlass.Int32, h: cutlass.Int32,
+                     w: cutlass.Int32, stream: _cuda.CUstream):
+            c, kt = self.c, self.kt
+            h2, w2 = h + 2, w + 2
+            rows = f_out * h2 * w2
+            # A[q, (ch, dx, dy, dt)]: the padded input at pixel q + dt*h2*w2 + dy*w2 + dx.
+            a = cute.make_tensor(x_ptr, cute.make_layout(
+                (rows, (c, 3, 3, kt), 1), stride=(c, (1, c, w2 * c, h2 * w2 * c), 0)))
+            # B[n, (ch, dx, dy, dt)]: the weight packed as [N, KT, 3, 3, C].
+            b = cute.make_tensor(w_ptr, cute.make_layout(
+                (self.n, (c, 3, 3, kt), 1), stride=(self.k, (1, c, 3 * c, 9 * c), 0)))
+            out = cute.make_tensor(out_ptr, cute.make_layout((f_out * h * w, self.n),
+                                                             stride=(self.n, 1)))
+            bias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,), stride=(1,)))
+
+            tile = (self.bm, self.bn, self.bk)
+            k_major = cutlass_utils.LayoutEnum.ROW_MAJOR
+            mma = sm90.make_trivial_tiled_mma(
+                cutlass.BFloat16, cutlass.BFloat16, k_major.sm90_mma_major_mode(),
+                k_major.sm90_mma_major_mode(), cutlass.Float32, (self.wgs, 1, 1),
+                tiler_mn=(64, self.bn))
+            sa_layout = sm90.make_smem_layout_a(k_major, tile, cutlass.BFloat16, self.stages)
+            sb_layout = sm90.make_smem_layout_b(k_major, tile, cutlass.BFloat16, self.stages)
+            load = cute.nvgpu.cpasync.CopyBulkTensorTileG2SOp()
+            tma_a, ta = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                load, a, cute.slice_(sa_layout, (None, None, 0)), (self.bm, self.bk))
+            tma_b, tb = cute.nvgpu.cpasync.make_tiled_tma_atom(
+                load, b, cute.slice_(sb_layout, (None, None, 0)), (self.bn, self.bk))
+
+            @cute.struct
+            class Smem:
+                barriers: cute.struct.MemRange[cutlass.Int64, self.stages * 2]
+                sa: cute.struct.Align[
+                    cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sa_layout)], 1024]
+                sb: cute.struct.Align[
+                    cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sb_layout)], 1024]
+
+            self.smem = Smem
+            grid = ((rows + self.bm - 1) // self.bm, self.n // self.bn, 1)
+            self.kernel(tma_a, ta, tma_b, tb, out, bias, mma, sa_layout, sb_layout,
+                        rows, h, w).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+
+        @cute.kernel
+        def kernel(self, tma_a: cute.CopyAtom, ta: cute.Tensor, tma_b: cute.CopyAtom,
+                   tb: cute.Tensor, out: cute.Tensor, bias: cute.Tensor, mma: cute.TiledMma,
+                   sa_layout: cute.ComposedLayout, sb_layout: cute.ComposedLayout,
+                   rows: cutlass.Int32, h: cutlass.Int32, w: cutlass.Int32):
+            tidx, _, _ = cute.arch.thread_idx()
+            bx, by, _ = cute.arch.block_idx()
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            if warp == 0:
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
+                cute.nvgpu.cpasync.prefetch_descriptor(tma_b)
+
+            storage = cutlass.utils.SmemAllocator().allocate(self.smem)
+            stage_bytes = (cute.size_in_bytes(cutlass.BFloat16,
+                                              cute.slice_(sa_layout, (None, None, 0)))
+                           + cute.size_in_bytes(cutlass.BFloat16,
+                                                cute.slice_(sb_layout, (None, None, 0))))
+            ring = pipeline.PipelineTmaAsync.create(
+                barrier_storage=storage.barriers.data_ptr(), num_stages=self.stages,
+                producer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread),
+                # one arrival per warp hands a stage back
+                consumer_group=pipeline.CooperativeGroup(pipeline.Agent.Thread,
+                                                         self.threads // 32),
+                tx_count=stage_bytes, cta_layout_vmnk=cute.make_layout((1, 1, 1, 1)))
+            sa = storage.sa.get_tensor(sa_layout.outer, swizzle=sa_layout.inner)
+            sb = storage.sb.get_tensor(sb_layout.outer, swizzle=sb_layout.inner)
+
+            tile = (self.bm, self.bn, self.bk)
+            ga = cute.local_tile(ta, tile, (bx, by, None, 0), proj=(1, None, 1))
+            gb = cute.local_tile(tb, tile, (bx, by, None, 0), proj=(None, 1, 1))
+            tas, tag = cute.nvgpu.cpasync.tma_partition(
+                tma_a, 0, cute.make_layout(1), cute.group_modes(sa, 0, 2),
+                cute.group_modes(ga, 0, 2))
+            tbs, tbg = cute.nvgpu.cpasync.tma_partition(
+                tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
+                cute.group_modes(gb, 0, 2))
+
+            wg = cute.arch.make_warp_uniform(tidx // 128)
+            thr = mma.get_slice(cute.make_layout(self.wgs, stride=128)(wg))
+            fa = mma.make_fragment_A(thr.partition_A(sa))
+            fb = mma.make_fragment_B(thr.partition_B(sb))
+            coords = thr.partition_C(cute.make_identity_tensor((self.bm, self.bn)))
+            acc = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
+
+            put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
+            k_tiles = self.k_tiles
+            loads = (tma_a, tag, tas, tma_b, tbg, tbs)
+            if warp == 0:
+                for _ in cutlass.range(min(self.stages, k_tiles), unroll=1):
+                    _load_stage(ring, put, loads)
+                    put.advance()
+
+            take = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            done = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.stages)
+            mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, False)
+            blocks = cute.size(fa, mode=[2])
+            for kt in cutlass.range(k_tiles, unroll=1):
+                ring.consumer_wait(take)
+                cute.nvgpu.warpgroup.fence()
+                for kb in cutlass.range(blocks, unroll_full=True):
+                    cute.gemm(mma, acc, fa[(None, None, kb, take.index)],
+                              fb[(None, None, kb, take.index)], acc)
+                    mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
+                cute.nvgpu.warpgroup.commit_group()
+                # The group before this one has finished reading its stage: hand it back.
+                cute.nvgpu.warpgroup.wait_group(1)
+                if kt > 0:
+                    ring.consumer_release(done)
+                    done.advance()
+                take.advance()
+                if warp == 0 and put.count < k_tiles:
+                    _load_stage(ring, put, loads)
+                    put.advance()
+            cute.nvgpu.warpgroup.wait_group(0)
+
+            # Rows whose window starts inside the image go to their pixel of the dense
+            # (frames, h, w, n) output; rows in the padding columns and rows are dropped.
+            w2 = w + 2
+            hw2 = (h + 2) * w2
+            for i in cutlass.range(cute.size(acc), unroll_full=True):
+                r, col = coords[i]
+                q = bx * self.bm + r
+                f = q // hw2
+                rem = q - f * hw2
+                y = rem // w2
+                x = rem - y * w2
+                if q < rows and y < h and x < w:
+                    n = by * self.bn + col
+                    v = acc[i]
+                    if cutlass.const_expr(self.has_bias):
+                        v = v + bias[n]
+                    out[(f * h + y) * w + x, n] = v.to(cutlass.BFloat16)
+
+
+__all__ = [
+    "DSL_IMPORT_ERROR",
+    "TILINGS",
+    "Tiling",
+    "dsl_unavailable_reason",
+    "empty_padded",
+    "pack_padded_grid_weight",
+    "padded_grid_conv",
+    "padded_grid_conv_reference",
+    "padded_grid_conv_unsupported",
+    "padded_grid_gemm_reference",
+    "padded_shape",
+    "slack_rows",
+]

@@ -1,0 +1,97 @@
+"""The padded-grid conv's layout math and twins on the CPU (tier 1; the DSL kernel itself runs
+in test_padded_grid_conv_gpu.py).
+
+``padded_grid_gemm_reference`` is the kernel's GEMM (rows of the padded grid, the affine view
+of the input, the packed weight's reduction order, junk rows dropped) in plain torch: if it
+equals the stock conv, the layouts the kernel's TMA descriptors are built from are right.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+# (C, Cout, KT, frames out, H, W), each for a reason:
+SHAPES = [
+    (16, 8, 3, 2, 5, 7),   # odd sizes: the padding columns and rows fall mid-tile
+    (12, 20, 3, 1, 4, 3),  # one output frame; channels not a multiple of 16
+    (8, 8, 1, 3, 6, 6),    # a 2-D conv (KT = 1) over a batch of frames
+    (6, 4, 3, 3, 1, 1),    # a single-pixel frame: every window but one is padding
+]
+
+
+def _inputs(c, cout, kt, t_out, h, w, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(1, c, t_out + kt - 1, h, w, generator=g)
+    weight = torch.randn(cout, c, kt, 3, 3, generator=g) / (c * 9 * kt) ** 0.5
+    bias = torch.randn(cout, generator=g)
+    return x, weight, bias
+
+
+def _padded(x):
+    padded, interior = pgc.empty_padded(tuple(x.shape), x.dtype, x.device)
+    interior.copy_(x)
+    return padded
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=["x".join(map(str, s)) for s in SHAPES])
+def test_gemm_over_the_padded_grid_is_the_conv(shape):
+    x, weight, bias = _inputs(*shape)
+    expected = F.conv3d(x, weight, bias, padding=(0, 1, 1))
+    padded = _padded(x)
+    packed = pgc.pack_padded_grid_weight(weight)
+    gemm = pgc.padded_grid_gemm_reference(padded, packed, bias)
+    twin = pgc.padded_grid_conv_reference(padded, weight, bias)
+    assert gemm.shape == expected.shape == twin.shape
+    assert gemm.is_contiguous(memory_format=torch.channels_last_3d)
+    torch.testing.assert_close(gemm, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(twin, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_gemm_ignores_what_lies_in_the_slack_rows():
+    """Only dropped windows read the storage past the last frame."""
+    x, weight, bias = _inputs(16, 8, 3, 2, 5, 7)
+    padded = _padded(x)
+    packed = pgc.pack_padded_grid_weight(weight)
+    clean = pgc.padded_grid_gemm_reference(padded, packed, bias)
+    storage = padded.as_strided((padded.untyped_storage().nbytes() // 4,), (1,), 0)
+    storage[padded.numel():] = float("nan")
+    torch.testing.assert_close(pgc.padded_grid_gemm_reference(padded, packed, bias), clean)
+
+
+def test_empty_padded_zeroes_the_border_and_leaves_room_for_the_slack():
+    padded, interior = pgc.empty_padded((1, 3, 2, 4, 5), torch.float32, torch.device("cpu"))
+    assert padded.shape == (1, 3, 2, 6, 7) and interior.shape == (1, 3, 2, 4, 5)
+    assert padded.is_contiguous(memory_format=torch.channels_last_3d)
+    assert interior.data_ptr() == padded[:, :, :, 1:, 1:].data_ptr()
+    border = torch.ones_like(padded, dtype=torch.bool)
+    border[:, :, :, 1:-1, 1:-1] = False
+    assert (padded[border] == 0).all()
+    slack = padded.untyped_storage().nbytes() // 4 - padded.numel()
+    assert slack == pgc.slack_rows(5) * 3
+
+
+def test_packed_weight_is_the_reduction_order_channel_fastest():
+    weight = torch.arange(2 * 3 * 3 * 3 * 3, dtype=torch.float32).view(2, 3, 3, 3, 3)
+    packed = pgc.pack_padded_grid_weight(weight)
+    assert packed.shape == (2, 3, 3, 3, 3) and packed.is_contiguous()
+    # packed[n, dt, dy, dx, c] == weight[n, c, dt, dy, dx]
+    assert packed[1, 2, 0, 1, 2] == weight[1, 2, 2, 0, 1]
+    assert pgc.pack_padded_grid_weight(weight[:, :, 0]).shape == (2, 1, 3, 3, 3)
+
+
+def test_declines_off_the_gpu_and_names_why():
+    x, weight, _ = _inputs(96, 96, 3, 1, 4, 4)
+    padded = _padded(x.to(torch.bfloat16))
+    packed = pgc.pack_padded_grid_weight(weight.to(torch.bfloat16))
+    reason = pgc.padded_grid_conv_unsupported(padded, packed)
+    assert reason in (pgc.DSL_IMPORT_ERROR, "not a CUDA tensor")
+    assert pgc.padded_grid_conv(padded, packed) is None
+
+
+def test_tilings_divide_their_channels():
+    for (cin, cout, kt), t in pgc.TILINGS.items():
+        assert cin % t.block_k == 0 and cout % t.block_n == 0 and t.block_k % 16 == 0
+        assert t.block_n % 8 == 0 and t.block_n <= 256 and kt in (1, 3)
