@@ -378,15 +378,18 @@ if cute is not None:
                               fb[(None, None, kb, take.index)], acc)
                     mma.set(cute.nvgpu.warpgroup.Field.ACCUMULATE, True)
                 cute.nvgpu.warpgroup.commit_group()
-                # The group before this one has finished reading its stage: hand it back.
+                take.advance()
+                # The group before this one has finished reading its stage: hand it back, and
+                # only then (warp 0) refill one. Warp 0 is also a consumer: at the first k-tile,
+                # with every stage full and none handed back, waiting for a free stage would
+                # wait on its own release (s47's first GPU run hung there).
                 cute.nvgpu.warpgroup.wait_group(1)
                 if kt > 0:
                     ring.consumer_release(done)
                     done.advance()
-                take.advance()
-                if warp == 0 and put.count < k_tiles:
-                    _load_stage(ring, put, loads)
-                    put.advance()
+                    if warp == 0 and put.count < k_tiles:
+                        _load_stage(ring, put, loads)
+                        put.advance()
             cute.nvgpu.warpgroup.wait_group(0)
 
             # Rows whose window starts inside the image go to their pixel of the dense
