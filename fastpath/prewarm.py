@@ -38,6 +38,7 @@ from ..kernels.backend import (
     variant_key,
     wait_compiler_key,
 )
+from ..kernels.padded_grid_conv import prepare_in_background
 from .log import say
 
 # Compile threads (bounded by the host's CPUs). SDXL's 22 variants, fresh Triton cache, H200 host
@@ -60,6 +61,10 @@ def start_triton_setup(device: torch.device) -> bool:
     if device.type != "cuda" or triton is None or not torch.cuda.is_available():
         return False
     start_compiler_key()
+    from .families.wan.settings import settings as wan_settings
+
+    if wan_settings.padded_grid_conv:  # the optional Hopper conv: its import and compiles
+        prepare_in_background(device)
     return True
 
 

@@ -21,7 +21,7 @@ writing one output instead of three; the 2-D KL convs stayed at 0.90-0.99x cuDNN
 
 Optional: it needs ``nvidia-cutlass-dsl`` (no torch dependency, so installing it never replaces
 ComfyUI's torch) and an sm_90 GPU. Without them every call declines and the caller keeps its
-cuDNN route. Its plain-torch twin and test oracle is ``padded_grid_conv_reference``.
+cuDNN route. The DSL is imported only when a Hopper device first asks for it. Its plain-torch twin and test oracle is ``padded_grid_conv_reference``.
 
 One compile per (channels in, out, temporal taps, tiling), shapes at run time: 0.2-0.5 s each
 here (sm_90a, no GPU), cached by the DSL on disk like Triton's.
@@ -34,18 +34,35 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-try:  # optional: the DSL and its CUDA bindings
-    import cuda.bindings.driver as _cuda
-    import cutlass
-    import cutlass.cute as cute
-    import cutlass.pipeline as pipeline
-    import cutlass.utils as cutlass_utils
-    import cutlass.utils.hopper_helpers as sm90
+# The DSL is imported on first use, not with the pack: importing it takes ~2.3 s (measured
+# here, python 3.12), which ComfyUI's start-up must not pay. Its modules then become these
+# globals, which the kernel's string annotations resolve against.
+cutlass = cute = pipeline = cutlass_utils = sm90 = _cuda = None
+_DSL_ERROR: str | None = None
+_DSL_LOCK = threading.Lock()
+_KERNEL_CLASS = None
 
-    DSL_IMPORT_ERROR: str | None = None
-except Exception as exc:  # ImportError, or a broken install raising anything at import
-    cutlass = cute = pipeline = cutlass_utils = sm90 = _cuda = None
-    DSL_IMPORT_ERROR = f"no CUTLASS DSL ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+
+def _load_dsl() -> str | None:
+    """Import the DSL once (thread-safe); None when it is there, else why not."""
+    global cutlass, cute, pipeline, cutlass_utils, sm90, _cuda, _DSL_ERROR, _KERNEL_CLASS
+    with _DSL_LOCK:
+        if _KERNEL_CLASS is None and _DSL_ERROR is None:
+            try:
+                import cuda.bindings.driver as cuda_driver
+                import cutlass as cutlass_mod
+                import cutlass.cute as cute_mod
+                import cutlass.pipeline as pipeline_mod
+                import cutlass.utils as utils_mod
+                import cutlass.utils.hopper_helpers as sm90_mod
+            except Exception as exc:  # ImportError, or a broken install raising anything
+                _DSL_ERROR = f"no CUTLASS DSL ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+            else:
+                cutlass, cute, pipeline, cutlass_utils, sm90, _cuda = (
+                    cutlass_mod, cute_mod, pipeline_mod, utils_mod, sm90_mod, cuda_driver)
+                _KERNEL_CLASS = _define_kernel()
+        return _DSL_ERROR
+
 
 SMEM_BYTES = 227 * 1024  # sm_90's dynamic shared memory per CTA
 # 32-bit offsets inside the kernel: the padded input and the output stay under 2^31 elements.
@@ -84,14 +101,13 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
 
 
 def dsl_unavailable_reason(device: torch.device | None = None) -> str | None:
-    """None when the kernel may run on ``device``; otherwise a short reason for the log."""
-    if DSL_IMPORT_ERROR is not None:
-        return DSL_IMPORT_ERROR
+    """None when the kernel may run on ``device``; otherwise a short reason for the log. The
+    DSL is imported (once) only for a Hopper device."""
     if device is None or device.type != "cuda":
         return "not a CUDA tensor"
     if torch.cuda.get_device_capability(device) != (9, 0):
         return "not an sm_90 GPU (Hopper)"
-    return None
+    return _load_dsl()
 
 
 def padded_shape(x_shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -204,13 +220,35 @@ def _compiled(cin: int, cout: int, kt: int, has_bias: bool, stream):
         with _COMPILE_LOCK:
             fn = _COMPILED.get(key)
             if fn is None:
-                kernel = _PaddedGridConvKernel(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias)
+                kernel = _KERNEL_CLASS(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias)
                 null = [_ptr(dt, 0) for dt in (cutlass.BFloat16, cutlass.BFloat16,
                                                cutlass.Float32, cutlass.BFloat16)]
                 fn = cute.compile(kernel, *null, cutlass.Int32(1), cutlass.Int32(1),
                                   cutlass.Int32(1), stream)
                 _COMPILED[key] = fn
     return fn
+
+
+def prepare_in_background(device: torch.device) -> bool:
+    """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel (bias-free,
+    as the Wan route calls them) on a thread of its own, so the first decode that takes the
+    route waits on neither (~2.3 s of import and 0.3-0.5 s per compile, measured here). Best
+    effort; True if started."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return False
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+
+    def work() -> None:
+        try:
+            if _load_dsl() is None:
+                for cin, cout, kt in TILINGS:
+                    _compiled(cin, cout, kt, False, _cuda.CUstream(0))
+        except Exception:  # the first call compiles (or declines) instead
+            pass
+
+    threading.Thread(target=work, name="fvd-dsl-setup", daemon=True).start()
+    return True
 
 
 def _ptr(dtype, address: int):
@@ -240,7 +278,9 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
     return out
 
 
-if cute is not None:
+def _define_kernel():
+    """The kernel class, defined once the DSL is imported (its decorators come from it)."""
+
 
     def _load_stage(ring, put, loads) -> None:
         """Warp 0: wait for stage ``put`` to be free, then TMA the next k-tile of A and B into
@@ -410,9 +450,10 @@ if cute is not None:
                         v = v + bias[n]
                     out[(f * h + y) * w + x, n] = v.to(cutlass.BFloat16)
 
+    return _PaddedGridConvKernel
+
 
 __all__ = [
-    "DSL_IMPORT_ERROR",
     "TILINGS",
     "Tiling",
     "dsl_unavailable_reason",
@@ -423,5 +464,6 @@ __all__ = [
     "padded_grid_conv_unsupported",
     "padded_grid_gemm_reference",
     "padded_shape",
+    "prepare_in_background",
     "slack_rows",
 ]

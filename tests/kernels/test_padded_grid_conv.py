@@ -82,16 +82,22 @@ def test_packed_weight_is_the_reduction_order_channel_fastest():
     assert pgc.pack_padded_grid_weight(weight[:, :, 0]).shape == (2, 1, 3, 3, 3)
 
 
-def test_declines_off_the_gpu_and_names_why():
+def test_declines_off_the_gpu_without_importing_the_dsl():
+    """A CPU tensor is declined before the (slow, optional) DSL import is tried."""
     x, weight, _ = _inputs(96, 96, 3, 1, 4, 4)
     padded = _padded(x.to(torch.bfloat16))
     packed = pgc.pack_padded_grid_weight(weight.to(torch.bfloat16))
-    reason = pgc.padded_grid_conv_unsupported(padded, packed)
-    assert reason in (pgc.DSL_IMPORT_ERROR, "not a CUDA tensor")
+    assert pgc.padded_grid_conv_unsupported(padded, packed) == "not a CUDA tensor"
     assert pgc.padded_grid_conv(padded, packed) is None
+    assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None  # never imported
 
 
 def test_tilings_divide_their_channels():
     for (cin, cout, kt), t in pgc.TILINGS.items():
         assert cin % t.block_k == 0 and cout % t.block_n == 0 and t.block_k % 16 == 0
         assert t.block_n % 8 == 0 and t.block_n <= 256 and kt in (1, 3)
+
+
+def test_background_preparation_only_for_a_hopper_device():
+    assert pgc.prepare_in_background(torch.device("cpu")) is False
+    assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None
