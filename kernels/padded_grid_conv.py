@@ -319,10 +319,10 @@ def _define_kernel():
             rows = f_out * h2 * w2
             # A[q, (ch, dx, dy, dt)]: the padded input at pixel q + dt*h2*w2 + dy*w2 + dx.
             a = cute.make_tensor(x_ptr, cute.make_layout(
-                (rows, (c, 3, 3, kt), 1), stride=(c, (1, c, w2 * c, h2 * w2 * c), 0)))
+                (rows, (c, 3, 3, kt), 1), stride=(c, (1, c, w2 * c, h2 * w2 * c), rows * c)))
             # B[n, (ch, dx, dy, dt)]: the weight packed as [N, KT, 3, 3, C].
             b = cute.make_tensor(w_ptr, cute.make_layout(
-                (self.n, (c, 3, 3, kt), 1), stride=(self.k, (1, c, 3 * c, 9 * c), 0)))
+                (self.n, (c, 3, 3, kt), 1), stride=(self.k, (1, c, 3 * c, 9 * c), self.n * self.k)))
             out = cute.make_tensor(out_ptr, cute.make_layout((f_out * h * w, self.n),
                                                              stride=(self.n, 1)))
             bias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,), stride=(1,)))
@@ -391,11 +391,14 @@ def _define_kernel():
                 tma_b, 0, cute.make_layout(1), cute.group_modes(sb, 0, 2),
                 cute.group_modes(gb, 0, 2))
 
+            # Shared-memory operands are a warpgroup's (its first thread's slice); accumulator
+            # registers are each thread's own, so their tile coordinates come from the
+            # thread's slice.
             wg = cute.arch.make_warp_uniform(tidx // 128)
             thr = mma.get_slice(cute.make_layout(self.wgs, stride=128)(wg))
             fa = mma.make_fragment_A(thr.partition_A(sa))
             fb = mma.make_fragment_B(thr.partition_B(sb))
-            coords = thr.partition_C(cute.make_identity_tensor((self.bm, self.bn)))
+            coords = mma.get_slice(tidx).partition_C(cute.make_identity_tensor((self.bm, self.bn)))
             acc = cute.make_rmem_tensor(coords.shape, cutlass.Float32)
 
             put = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.stages)
