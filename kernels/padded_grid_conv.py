@@ -176,10 +176,8 @@ def padded_grid_gemm_reference(padded: torch.Tensor, packed: torch.Tensor,
 
 def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
                                  bias: torch.Tensor | None = None) -> str | None:
-    """Why ``padded_grid_conv`` cannot take these tensors (short, for the log); None if it can."""
-    reason = dsl_unavailable_reason(padded.device)
-    if reason is not None:
-        return reason
+    """Why ``padded_grid_conv`` cannot take these tensors (short, for the log); None if it can.
+    The tensors' own checks come first, so the (slow, optional) DSL import is tried last."""
     if padded.dim() != 5 or padded.shape[0] != 1:
         return "not a batch-1 5-D input"
     if padded.dtype != torch.bfloat16 or packed.dtype != torch.bfloat16:
@@ -196,8 +194,11 @@ def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
     _, _, t_in, h2, w2 = padded.shape
     if t_in < kt or h2 < 3 or w2 < 3:
         return "input smaller than the kernel"
-    if padded.numel() + slack_rows(w2 - 2) * cin > MAX_ELEMENTS:
+    reach = padded.storage_offset() + padded.numel() + slack_rows(w2 - 2) * cin
+    if reach > MAX_ELEMENTS:
         return "2^31 or more input elements"
+    if padded.untyped_storage().nbytes() < reach * padded.element_size():
+        return "no slack rows after the padded grid (allocate it with empty_padded)"
     if (t_in - kt + 1) * (h2 - 2) * (w2 - 2) * cout > MAX_ELEMENTS:
         return "2^31 or more output elements"
     if bias is not None and (bias.numel() != cout or bias.dtype != torch.float32
@@ -206,7 +207,7 @@ def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
                                        for t in (padded, packed, bias)):
         return "autograd (the kernel has no backward)"
-    return None
+    return dsl_unavailable_reason(padded.device)
 
 
 _COMPILED: dict[tuple, object] = {}

@@ -98,6 +98,20 @@ def test_tilings_divide_their_channels():
         assert t.block_n % 8 == 0 and t.block_n <= 256 and kt in (1, 3)
 
 
+def test_declines_what_the_kernel_cannot_read_naming_why():
+    """Checked on the tensors before the device: each reason shows on the CPU too."""
+    x, weight, _ = _inputs(96, 96, 3, 2, 4, 4)
+    packed = pgc.pack_padded_grid_weight(weight.to(torch.bfloat16))
+    padded = _padded(x.to(torch.bfloat16))
+    no_slack = padded.clone(memory_format=torch.channels_last_3d)  # its storage ends with it
+    assert "slack" in pgc.padded_grid_conv_unsupported(no_slack, packed)
+    assert pgc.padded_grid_conv_unsupported(padded.float(), packed.float()) == "not bf16"
+    narrow = pgc.pack_padded_grid_weight(weight[:64].to(torch.bfloat16))
+    assert "no measured tiling" in pgc.padded_grid_conv_unsupported(padded, narrow)
+    fewer = _padded(x[:, :48].to(torch.bfloat16))
+    assert pgc.padded_grid_conv_unsupported(fewer, packed) == "weight takes 96 channels, input has 48"
+
+
 def test_background_preparation_only_for_a_hopper_device():
     assert pgc.prepare_in_background(torch.device("cpu")) is False
     assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None
