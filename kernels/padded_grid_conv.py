@@ -282,7 +282,6 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
 def _define_kernel():
     """The kernel class, defined once the DSL is imported (its decorators come from it)."""
 
-
     def _load_stage(ring, put, loads) -> None:
         """Warp 0: wait for stage ``put`` to be free, then TMA the next k-tile of A and B into
         it (the stage's barrier counts the bytes). The caller advances ``put``: the DSL
