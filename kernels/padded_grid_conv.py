@@ -350,7 +350,9 @@ def _define_kernel():
                     cute.struct.MemRange[cutlass.BFloat16, cute.cosize(sb_layout)], 1024]
 
             self.smem = Smem
-            grid = ((rows + self.bm - 1) // self.bm, self.n // self.bn, 1)
+            # One linear grid, column tiles innermost: the CTAs sharing a row tile of A run
+            # together and read it while it is in L2 (384 outputs are two 192-wide columns).
+            grid = (((rows + self.bm - 1) // self.bm) * (self.n // self.bn), 1, 1)
             self.kernel(tma_a, ta, tma_b, tb, out, bias, mma, sa_layout, sb_layout,
                         rows, h, w).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
@@ -360,7 +362,9 @@ def _define_kernel():
                    sa_layout: cute.ComposedLayout, sb_layout: cute.ComposedLayout,
                    rows: cutlass.Int32, h: cutlass.Int32, w: cutlass.Int32):
             tidx, _, _ = cute.arch.thread_idx()
-            bx, by, _ = cute.arch.block_idx()
+            bid, _, _ = cute.arch.block_idx()
+            bx = bid // (self.n // self.bn)  # row tile
+            by = bid - bx * (self.n // self.bn)  # column tile
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             if warp == 0:
                 cute.nvgpu.cpasync.prefetch_descriptor(tma_a)
