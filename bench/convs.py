@@ -421,9 +421,10 @@ def narrow_supported(shape: ConvShape) -> bool:
 
 @dataclass(frozen=True)
 class Variant:
-    """One Triton way to run a shape: ``op`` (``implicit_gemm_conv``, ``narrow_conv`` or
-    ``winograd_conv``) at a tiling (for ``narrow_conv``, its tap-products GEMM's; for
-    ``winograd_conv``, its two transforms')."""
+    """One of the pack's ways to run a shape: ``op`` (``implicit_gemm_conv``, ``narrow_conv``,
+    ``winograd_conv`` or, where the optional CUTLASS DSL runs, ``padded_grid_conv``) at a
+    tiling (for ``narrow_conv``, its tap-products GEMM's; for ``winograd_conv``, its two
+    transforms')."""
 
     op: str
     config: Any
@@ -436,6 +437,17 @@ def winograd_supported(shape: ConvShape) -> bool:
     """``winograd_conv`` computes this shape: a channels-last 2-D 3x3 conv with padding 1."""
     return (shape.route == "conv2d" and tuple(shape.kernel) == (3, 3)
             and tuple(shape.padding) == (1, 1))
+
+
+def padded_grid_supported(shape: ConvShape) -> bool:
+    """``padded_grid_conv`` computes this shape where the optional CUTLASS DSL runs on this
+    machine's GPU: a batch-1 3x3x3 conv with padding (0, 1, 1) and a measured tiling."""
+    from ..kernels import padded_grid_conv as pgc
+
+    if (tuple(shape.kernel) != (3, 3, 3) or tuple(shape.padding) != (0, 1, 1)
+            or shape.input[0] != 1 or (shape.input[1], shape.cout, 3) not in pgc.TILINGS):
+        return False
+    return torch.cuda.is_available() and pgc.dsl_unavailable_reason(torch.device("cuda")) is None
 
 
 def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
@@ -468,6 +480,10 @@ def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
 
         launches = [wc.LAUNCHES] + (list(wc.SWEEP_LAUNCHES) if sweep else [])
         out += [Variant("winograd_conv", c) for c in dict.fromkeys(launches)]
+    if padded_grid_supported(shape):
+        from ..kernels.padded_grid_conv import TILINGS
+
+        out.append(Variant("padded_grid_conv", TILINGS[(shape.input[1], shape.cout, 3)]))
     return out
 
 
@@ -482,6 +498,14 @@ def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dic
         if "winograd" not in packs:
             packs["winograd"] = winograd_weight(weight)
         return functools.partial(winograd_conv, x, packs["winograd"], bias, launches=variant.config)
+    if variant.op == "padded_grid_conv":
+        from ..kernels import padded_grid_conv as pgc
+
+        if "grid" not in packs:  # the grid is filled once, outside the timed call
+            padded, interior = pgc.empty_padded(tuple(x.shape), x.dtype, x.device)
+            interior.copy_(x)
+            packs["grid"] = (padded, pgc.pack_padded_grid_weight(weight), bias.float())
+        return functools.partial(pgc.padded_grid_conv, *packs["grid"])
     if variant.op == "narrow_conv":
         if "narrow" not in packs:
             packs["narrow"] = pack_narrow_conv_weight(weight)

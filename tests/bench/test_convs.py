@@ -247,3 +247,27 @@ def test_winograd_variant_only_for_2d_3x3_pad_1():
     y = convs.variant_call(chosen[0], s, x, w, b, {})()
     expected = F.conv2d(x.float(), w.float(), b.float(), padding=1)
     assert (y.float() - expected).abs().max() <= 0.02 * expected.abs().max()
+
+
+def test_padded_grid_variant_where_the_dsl_runs_and_a_tiling_is_measured(monkeypatch):
+    """With the DSL reported available, padded_grid_conv joins the variants of Wan 2.1's
+    3x3x3 widths, not of others; its call (the kernel stood in for by its GEMM twin, on the
+    CPU) is the conv with the bias."""
+    import torch
+    import torch.nn.functional as F
+
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pgc, "dsl_unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(pgc, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    s = convs.ConvShape("causal 3x3x3", "taps", (1, 96, 3, 4, 5), 96, (3, 3, 3), (0, 1, 1))
+    chosen = [v for v in convs.variants(s, sweep=False) if v.op == "padded_grid_conv"]
+    assert [c.config for c in chosen] == [pgc.TILINGS[(96, 96, 3)]]
+    for other in (convs.ConvShape("causal 3x3x3", "conv3d", (1, 64, 3, 4, 5), 64, (3, 3, 3), (0, 1, 1)),
+                  convs.ConvShape("3x3", "conv2d", (1, 96, 4, 5), 96, (3, 3), (1, 1))):
+        assert all(v.op != "padded_grid_conv" for v in convs.variants(other, sweep=True))
+    x, w, b = convs._inputs(s, "cpu", torch.bfloat16)
+    y = convs.variant_call(chosen[0], s, x, w, b, {})()
+    expected = F.conv3d(x.float(), w.float(), b.float(), padding=(0, 1, 1))
+    assert (y.float() - expected).abs().max() <= 0.02 * expected.abs().max()
