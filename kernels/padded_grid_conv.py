@@ -95,7 +95,8 @@ class Tiling:
 TILINGS: dict[tuple[int, int, int], Tiling] = {
     (96, 96, 3): Tiling(256, 96, 96, 2),     # Wan 2.1 full resolution
     (192, 192, 3): Tiling(256, 192, 64, 2),  # Wan 2.1 240x416
-    (192, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208, first conv of the stage
+    # Wan 2.1 120x208, the stage's first conv: not in the lab; the 384-channel conv's tile
+    (192, 384, 3): Tiling(128, 192, 64, 2),
     (384, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208
 }
 
