@@ -46,6 +46,8 @@ _KERNEL_CLASS = None
 def _load_dsl() -> str | None:
     """Import the DSL once (thread-safe); None when it is there, else why not."""
     global cutlass, cute, pipeline, cutlass_utils, sm90, _cuda, _DSL_ERROR, _KERNEL_CLASS
+    if _KERNEL_CLASS is not None:  # every conv call asks: no lock once it is loaded
+        return None
     with _DSL_LOCK:
         if _KERNEL_CLASS is None and _DSL_ERROR is None:
             try:

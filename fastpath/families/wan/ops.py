@@ -18,9 +18,7 @@ import torch.nn.functional as F
 
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
-from ....kernels.padded_grid_conv import (
-    TILINGS as _PADDED_GRID_SHAPES,
-)
+from ....kernels.padded_grid_conv import TILINGS as _PADDED_GRID_SHAPES
 from ....kernels.padded_grid_conv import (
     dsl_unavailable_reason,
     empty_padded,
@@ -528,18 +526,33 @@ def causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None,
             return x, x, 0
         inp = torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
         return inp, inp, 0
+    shape, zeros = _assembled_shape(x, prev, pad_t)
+    inp = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+    return inp, _fill_front(inp, prev, zeros), zeros
+
+
+def _assembled_shape(x: torch.Tensor, prev: torch.Tensor | None,
+                     pad_t: int) -> tuple[tuple[int, ...], int]:
+    """``(shape, zero frames)`` of an assembled input: the zero frames, the cached ``prev``
+    (at most ``pad_t`` frames) and the new frames shaped like ``x``."""
     n_prev = prev.shape[2] if prev is not None else 0
     zeros = pad_t - n_prev
     if zeros < 0:
         raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pad_t}")
     shape = list(x.shape)
     shape[2] = zeros + n_prev + x.shape[2]
-    inp = torch.empty(shape, dtype=x.dtype, device=x.device, memory_format=CL3D)
+    return tuple(shape), zeros
+
+
+def _fill_front(inp: torch.Tensor, prev: torch.Tensor | None, zeros: int) -> torch.Tensor:
+    """Write the zero and cached frames in front of an assembled input ``inp``; returns the
+    view of its new frames, which the producer writes."""
+    n_prev = prev.shape[2] if prev is not None else 0
     if zeros:
         inp[:, :, :zeros].zero_()
     if n_prev:
         inp[:, :, zeros:zeros + n_prev].copy_(prev)
-    return inp, inp[:, :, zeros + n_prev:], zeros
+    return inp[:, :, zeros + n_prev:]
 
 
 # --- the padded-grid route (``kernels.padded_grid_conv``, CUTLASS DSL on Hopper) -------------
@@ -565,18 +578,9 @@ def padded_grid_route(conv, x: torch.Tensor, prev: torch.Tensor | None) -> bool:
 def padded_causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None):
     """``causal_input`` for the padded-grid route: ``(padded grid, its interior, view of the
     new frames, zero frames in front)``; the producer writes the new frames into the view."""
-    n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
-    zeros = pads(conv)[0] - n_prev
-    if zeros < 0:
-        raise RuntimeError(f"{n_prev} cached frames for a temporal padding of {pads(conv)[0]}")
-    shape = list(x.shape)
-    shape[2] = zeros + n_prev + x.shape[2]
-    padded, inp = empty_padded(tuple(shape), x.dtype, x.device)
-    if zeros:
-        inp[:, :, :zeros].zero_()
-    if n_prev:
-        inp[:, :, zeros:zeros + n_prev].copy_(prev)
-    return padded, inp, inp[:, :, zeros + n_prev:], zeros
+    shape, zeros = _assembled_shape(x, prev, pads(conv)[0])
+    padded, inp = empty_padded(shape, x.dtype, x.device)
+    return padded, inp, _fill_front(inp, prev, zeros), zeros
 
 
 def padded_grid_parts(conv, padded: torch.Tensor) -> list[torch.Tensor] | None:
