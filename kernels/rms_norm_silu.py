@@ -221,8 +221,8 @@ def _tail_reason(tail, x: torch.Tensor, out, out_border: int) -> str | None:
         return "tail differs from the input in dtype or device"
     if not pixels_dense(tail):
         return "tail not channels-last-3d"
-    if out_border or (out is not None and not pixels_dense(out)):
-        return "a frame tail with a strided or bordered out"
+    if out_border:
+        return "a frame tail with a bordered out"
     return None
 
 
