@@ -325,6 +325,22 @@ def test_padded_grid_route_needs_the_gpu_kernel_and_a_measured_shape():
     assert not wan_ops.padded_grid_route(conv, x, None)
 
 
+def test_padded_grid_widths_are_the_tilings_from_the_narrowest_routed(monkeypatch):
+    """Only causal 3x3x3 convs with a measured tiling take the route, and none narrower than
+    ``padded_grid_min_channels`` (96 channels keep their tap convs when it is 192)."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanCausalConv3d
+
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+
+    narrow, wide = WanCausalConv3d(96, 96, 3, padding=1), WanCausalConv3d(192, 192, 3, padding=1)
+    untiled = WanCausalConv3d(160, 160, 3, padding=1)  # Wan 2.2's width: no tiling measured
+    monkeypatch.setattr(wan_settings, "padded_grid_min_channels", 96)
+    assert wan_ops.padded_grid_widths(narrow) and wan_ops.padded_grid_widths(wide)
+    assert not wan_ops.padded_grid_widths(untiled)
+    monkeypatch.setattr(wan_settings, "padded_grid_min_channels", 192)
+    assert not wan_ops.padded_grid_widths(narrow) and wan_ops.padded_grid_widths(wide)
+
+
 def test_stacked_input_holds_the_zero_and_cached_frames_and_declines_caches_it_cannot_tail(
         monkeypatch):
     """``stacked_input``: the buffer's slots hold the causal zeros and the cached frames where

@@ -561,18 +561,25 @@ def _fill_front(inp: torch.Tensor, prev: torch.Tensor | None, zeros: int) -> tor
 def padded_grid_route(conv, x: torch.Tensor, prev: torch.Tensor | None) -> bool:
     """Whether a residual block's causal 3x3x3 conv of new frames ``x`` after ``prev`` takes
     ``padded_grid_conv``: where ``settings.padded_grid_conv`` is on, the DSL runs on ``x``'s
-    device, the channels have a measured tiling, and the assembled input has at least three
-    frames (a lone first frame keeps the routes above)."""
+    device, the conv's widths are routed (``padded_grid_widths``), and the assembled input has
+    at least three frames (a lone first frame keeps the routes above)."""
     if not settings.padded_grid_conv or not x.is_cuda or x.dtype != torch.bfloat16:
         return False
-    if x.dim() != 5 or x.shape[0] != 1 or not _plain_3x3x3(conv) or pads(conv) != (CACHE_T, 1, 1):
-        return False
-    if (conv.in_channels, conv.out_channels, 3) not in _PADDED_GRID_SHAPES:
+    if x.dim() != 5 or x.shape[0] != 1 or not padded_grid_widths(conv):
         return False
     n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
     if n_prev == 0 and x.shape[2] == 1:
         return False
     return dsl_unavailable_reason(x.device) is None
+
+
+def padded_grid_widths(conv) -> bool:
+    """Whether ``conv`` is a plain causal 3x3x3 conv whose channels the kernel has a measured
+    tiling for and the route takes (``settings.padded_grid_min_channels``)."""
+    if not _plain_3x3x3(conv) or pads(conv) != (CACHE_T, 1, 1):
+        return False
+    return ((conv.in_channels, conv.out_channels, 3) in _PADDED_GRID_SHAPES
+            and conv.in_channels >= settings.padded_grid_min_channels)
 
 
 def padded_causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None):

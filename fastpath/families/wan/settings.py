@@ -99,6 +99,10 @@ class WanSettings:
     # input ran those convs 1.08-1.26x faster than the routes below on an H100 (s47 lab),
     # with one output where the 96-channel taps wrote three. Off until a decode measures it.
     padded_grid_conv: bool = False
+    # The route's narrowest input: convs of fewer channels keep the routes below. At 96
+    # channels the kernel alone was 1.07x the three 2-D tap convs (H200, s48), which read
+    # their cached frames in place where the padded grid copies them in.
+    padded_grid_min_channels: int = 96
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
