@@ -327,8 +327,8 @@ def convs_markdown(results: list[ConvResult]) -> str:
     """The per-conv table, then per case the conv time of one decode on either path."""
     cases = list(dict.fromkeys(c for r in results for c in r.calls))
     out = ["| kind | input | Cout | kernel | cuDNN route | calls (" + ", ".join(cases) + ") "
-           "| GFLOP | cuDNN ms | cuDNN TFLOP/s | Triton ms | Triton TFLOP/s | Triton/cuDNN "
-           "| best tiling |",
+           "| GFLOP | cuDNN ms | cuDNN TFLOP/s | pack ms | pack TFLOP/s | pack/cuDNN "
+           "| pack's best (Triton tiling or padded_grid_conv) |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         s = r.shape
@@ -576,7 +576,7 @@ def time_convs(shapes: list[tuple[ConvShape, dict[str, int]]], *, repeats: int =
             winner = next(v for v in chosen if str(v) == best)
             result.triton_max_error = _check(shape, x, weight, bias,
                                              variant_call(winner, shape, x, weight, bias, packs))
-        log(f"{shape.label}: cuDNN {_fmt(result.cudnn_ms)} ms, Triton {_fmt(result.triton_ms)} "
+        log(f"{shape.label}: cuDNN {_fmt(result.cudnn_ms)} ms, pack {_fmt(result.triton_ms)} "
             f"ms ({result.triton_config or result.note})")
         del x, weight, bias, packs
     return results

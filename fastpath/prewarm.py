@@ -64,7 +64,9 @@ def start_triton_setup(device: torch.device) -> bool:
     from .families.wan.settings import settings as wan_settings
 
     if wan_settings.padded_grid_conv:  # the optional Hopper conv: its import and compiles
-        prepare_in_background(device)
+        variants = ((False, False), (True, True)) if wan_settings.padded_grid_residual else \
+            ((False, False),)
+        prepare_in_background(device, variants)
     return True
 
 

@@ -147,17 +147,30 @@ def pack_padded_grid_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def padded_grid_conv_reference(padded: torch.Tensor, weight: torch.Tensor,
-                               bias: torch.Tensor | None = None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None,
+                               residual: torch.Tensor | None = None) -> torch.Tensor:
     """The twin and test oracle: the conv (no padding: the grid's border is the padding) of
     the padded grid ``padded`` (1, C, T_in, H + 2, W + 2) with the stock ``weight``
     [Cout, Cin, KT, 3, 3] in fp32, ``+ bias``, rounded once to the input's dtype,
-    channels-last-3d (1, Cout, T_in - KT + 1, H, W)."""
+    channels-last-3d (1, Cout, T_in - KT + 1, H, W); then ``+ residual`` (see
+    ``_add_residual``)."""
     y = F.conv3d(padded.float(), weight.float(), None if bias is None else bias.float())
-    return y.to(padded.dtype).contiguous(memory_format=torch.channels_last_3d)
+    return _add_residual(y.to(padded.dtype).contiguous(memory_format=torch.channels_last_3d),
+                         residual)
+
+
+def _add_residual(y: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """The epilogue's residual add: the rounded conv output plus ``residual`` in fp32, rounded
+    again, the two roundings of stock's conv and then its ``x + h``."""
+    if residual is None:
+        return y
+    return (y.float() + residual.float()).to(y.dtype).contiguous(
+        memory_format=torch.channels_last_3d)
 
 
 def padded_grid_gemm_reference(padded: torch.Tensor, packed: torch.Tensor,
-                               bias: torch.Tensor | None = None) -> torch.Tensor:
+                               bias: torch.Tensor | None = None,
+                               residual: torch.Tensor | None = None) -> torch.Tensor:
     """The kernel's own GEMM in plain torch, fp32: rows of the padded grid, the reduction over
     the affine view of the input (the packed weight's order), the rows whose windows start in
     the padding dropped; the same result as ``padded_grid_conv_reference``. Like the kernel it
@@ -173,12 +186,13 @@ def padded_grid_gemm_reference(padded: torch.Tensor, packed: torch.Tensor,
     if bias is not None:
         y = y + bias.float()
     y = y.view(t_out, h2, w2, cout)[:, :h2 - 2, :w2 - 2]
-    return y.to(padded.dtype).permute(3, 0, 1, 2).unsqueeze(0).contiguous(
-        memory_format=torch.channels_last_3d)
+    return _add_residual(y.to(padded.dtype).permute(3, 0, 1, 2).unsqueeze(0).contiguous(
+        memory_format=torch.channels_last_3d), residual)
 
 
 def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
-                                 bias: torch.Tensor | None = None) -> str | None:
+                                 bias: torch.Tensor | None = None,
+                                 residual: torch.Tensor | None = None) -> str | None:
     """Why ``padded_grid_conv`` cannot take these tensors (short, for the log); None if it can.
     The tensors' own checks come first, so the (slow, optional) DSL import is tried last."""
     if padded.dim() != 5 or padded.shape[0] != 1:
@@ -207,8 +221,13 @@ def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
     if bias is not None and (bias.numel() != cout or bias.dtype != torch.float32
                              or bias.device != padded.device):
         return "bias not fp32 of the output's channels on its device"
+    if residual is not None and (
+            tuple(residual.shape) != (1, cout, t_in - kt + 1, h2 - 2, w2 - 2)
+            or residual.dtype != torch.bfloat16 or residual.device != padded.device
+            or not residual.is_contiguous(memory_format=torch.channels_last_3d)):
+        return "residual not a dense channels-last-3d bf16 tensor of the output's shape"
     if torch.is_grad_enabled() and any(t is not None and t.requires_grad
-                                       for t in (padded, packed, bias)):
+                                       for t in (padded, packed, bias, residual)):
         return "autograd (the kernel has no backward)"
     return dsl_unavailable_reason(padded.device)
 
@@ -217,27 +236,29 @@ _COMPILED: dict[tuple, object] = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _compiled(cin: int, cout: int, kt: int, has_bias: bool, stream):
-    key = (cin, cout, kt, has_bias)
+def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, stream):
+    key = (cin, cout, kt, has_bias, has_residual)
     fn = _COMPILED.get(key)
     if fn is None:
         with _COMPILE_LOCK:
             fn = _COMPILED.get(key)
             if fn is None:
-                kernel = _KERNEL_CLASS(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias)
+                kernel = _KERNEL_CLASS(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias,
+                                       has_residual)
                 null = [_ptr(dt, 0) for dt in (cutlass.BFloat16, cutlass.BFloat16,
-                                               cutlass.Float32, cutlass.BFloat16)]
+                                               cutlass.Float32, cutlass.BFloat16,
+                                               cutlass.BFloat16)]
                 fn = cute.compile(kernel, *null, cutlass.Int32(1), cutlass.Int32(1),
                                   cutlass.Int32(1), stream)
                 _COMPILED[key] = fn
     return fn
 
 
-def prepare_in_background(device: torch.device) -> bool:
-    """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel (bias-free,
-    as the Wan route calls them) on a thread of its own, so the first decode that takes the
-    route waits on neither (~2.3 s of import and 0.3-0.5 s per compile, measured here). Best
-    effort; True if started."""
+def prepare_in_background(device: torch.device, variants=((False, False),)) -> bool:
+    """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel in each of
+    ``variants``, (bias, residual) pairs (the Wan route's: bias-free, or bias and residual),
+    on a thread of its own, so the first decode that takes the route waits on neither (~2.3 s
+    of import and 0.3-0.5 s per compile, measured here). Best effort; True if started."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     if torch.cuda.get_device_capability(device) != (9, 0):
@@ -247,7 +268,8 @@ def prepare_in_background(device: torch.device) -> bool:
         try:
             if _load_dsl() is None:
                 for cin, cout, kt in TILINGS:
-                    _compiled(cin, cout, kt, False, _cuda.CUstream(0))
+                    for has_bias, has_residual in variants:
+                        _compiled(cin, cout, kt, has_bias, has_residual, _cuda.CUstream(0))
         except Exception:  # the first call compiles (or declines) instead
             pass
 
@@ -260,13 +282,15 @@ def _ptr(dtype, address: int):
 
 
 def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor | None:
+                     bias: torch.Tensor | None = None,
+                     residual: torch.Tensor | None = None) -> torch.Tensor | None:
     """The conv of the padded grid ``padded`` (see the module docstring; its storage must
     extend ``slack_rows(W)`` pixel rows past it, as ``empty_padded`` allocates) with the weight
-    ``packed`` by ``pack_padded_grid_weight``, ``+ bias`` (fp32) rounded once to bf16: a new
-    channels-last-3d (1, Cout, T_in - KT + 1, H, W) tensor, or None when unsupported
-    (``padded_grid_conv_unsupported`` says why)."""
-    if padded_grid_conv_unsupported(padded, packed, bias) is not None:
+    ``packed`` by ``pack_padded_grid_weight``, ``+ bias`` (fp32) rounded once to bf16, then
+    ``+ residual`` (a dense channels-last-3d bf16 tensor of the output's shape, a residual
+    block's input) rounded again: a new channels-last-3d (1, Cout, T_in - KT + 1, H, W)
+    tensor, or None when unsupported (``padded_grid_conv_unsupported`` says why)."""
+    if padded_grid_conv_unsupported(padded, packed, bias, residual) is not None:
         return None
     cout, kt, _, _, cin = packed.shape
     _, _, t_in, h2, w2 = padded.shape
@@ -275,10 +299,13 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
                       memory_format=torch.channels_last_3d)
     with torch.cuda.device(padded.device):
         stream = _cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-        fn = _compiled(cin, cout, kt, bias is not None, stream)
+        fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream)
+        # Absent operands get the weight's address as a placeholder; the kernel never reads it.
         fn(_ptr(cutlass.BFloat16, padded.data_ptr()), _ptr(cutlass.BFloat16, packed.data_ptr()),
            _ptr(cutlass.Float32, bias.data_ptr() if bias is not None else packed.data_ptr()),
-           _ptr(cutlass.BFloat16, out.data_ptr()), t_out, h, w, stream)
+           _ptr(cutlass.BFloat16, out.data_ptr()),
+           _ptr(cutlass.BFloat16, residual.data_ptr() if residual is not None
+                else packed.data_ptr()), t_out, h, w, stream)
     return out
 
 
@@ -303,8 +330,10 @@ def _define_kernel():
         the group that read it has finished.
         """
 
-        def __init__(self, cin: int, cout: int, kt: int, tiling: Tiling, has_bias: bool):
+        def __init__(self, cin: int, cout: int, kt: int, tiling: Tiling, has_bias: bool,
+                     has_residual: bool):
             self.c, self.n, self.kt, self.has_bias = cin, cout, kt, has_bias
+            self.has_residual = has_residual
             self.bm, self.bn, self.bk, self.wgs = (tiling.block_m, tiling.block_n,
                                                    tiling.block_k, tiling.warpgroups)
             self.k = cin * 9 * kt
@@ -322,8 +351,8 @@ def _define_kernel():
 
         @cute.jit
         def __call__(self, x_ptr: cute.Pointer, w_ptr: cute.Pointer, bias_ptr: cute.Pointer,
-                     out_ptr: cute.Pointer, f_out: cutlass.Int32, h: cutlass.Int32,
-                     w: cutlass.Int32, stream: _cuda.CUstream):
+                     out_ptr: cute.Pointer, res_ptr: cute.Pointer, f_out: cutlass.Int32,
+                     h: cutlass.Int32, w: cutlass.Int32, stream: _cuda.CUstream):
             c, kt = self.c, self.kt
             h2, w2 = h + 2, w + 2
             rows = f_out * h2 * w2
@@ -335,6 +364,7 @@ def _define_kernel():
                 (self.n, (c, 3, 3, kt), 1), stride=(self.k, (1, c, 3 * c, 9 * c), self.n * self.k)))
             out = cute.make_tensor(out_ptr, cute.make_layout((f_out * h * w, self.n),
                                                              stride=(self.n, 1)))
+            residual = cute.make_tensor(res_ptr, out.layout)
             bias = cute.make_tensor(bias_ptr, cute.make_layout((self.n,), stride=(1,)))
 
             tile = (self.bm, self.bn, self.bk)
@@ -363,12 +393,13 @@ def _define_kernel():
             # One linear grid, column tiles innermost: the CTAs sharing a row tile of A run
             # together and read it while it is in L2 (384 outputs are two 192-wide columns).
             grid = (((rows + self.bm - 1) // self.bm) * (self.n // self.bn), 1, 1)
-            self.kernel(tma_a, ta, tma_b, tb, out, bias, mma, sa_layout, sb_layout,
+            self.kernel(tma_a, ta, tma_b, tb, out, bias, residual, mma, sa_layout, sb_layout,
                         rows, h, w).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
 
         @cute.kernel
         def kernel(self, tma_a: cute.CopyAtom, ta: cute.Tensor, tma_b: cute.CopyAtom,
-                   tb: cute.Tensor, out: cute.Tensor, bias: cute.Tensor, mma: cute.TiledMma,
+                   tb: cute.Tensor, out: cute.Tensor, bias: cute.Tensor, residual: cute.Tensor,
+                   mma: cute.TiledMma,
                    sa_layout: cute.ComposedLayout, sb_layout: cute.ComposedLayout,
                    rows: cutlass.Int32, h: cutlass.Int32, w: cutlass.Int32):
             tidx, _, _ = cute.arch.thread_idx()
@@ -477,10 +508,17 @@ def _define_kernel():
                 y = rem // w2
                 x = rem - y * w2
                 if q < rows and y < h and x < w:
+                    at = ((f * h + y) * w + x, by * chunks + chunk)
                     vec = cute.make_rmem_tensor((1, 8), cutlass.BFloat16)
                     cute.autovec_copy(cute.local_tile(staged, (1, 8), (r, chunk)), vec)
-                    cute.autovec_copy(vec, cute.local_tile(
-                        out, (1, 8), ((f * h + y) * w + x, by * chunks + chunk)))
+                    if cutlass.const_expr(self.has_residual):
+                        # The rounded conv output plus the residual block's input, rounded
+                        # again: stock's conv and then its x + h.
+                        res = cute.make_rmem_tensor((1, 8), cutlass.BFloat16)
+                        cute.autovec_copy(cute.local_tile(residual, (1, 8), at), res)
+                        vec.store((vec.load().to(cutlass.Float32)
+                                   + res.load().to(cutlass.Float32)).to(cutlass.BFloat16))
+                    cute.autovec_copy(vec, cute.local_tile(out, (1, 8), at))
 
     return _PaddedGridConvKernel
 

@@ -317,6 +317,38 @@ def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monk
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
+def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, shape,
+                                                                monkeypatch):
+    """With ``padded_grid_residual`` on, a residual block's second conv on the padded-grid
+    route (forced on the CPU, the GEMM twin standing in for the kernel) adds its bias and the
+    block's input itself: the block's output is that conv's, and the decode stays what the
+    other routes decode (one more bf16 rounding at most: the conv's output is rounded before
+    the residual is added, as stock rounds it)."""
+    from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    def forced(conv, x, prev):
+        n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+        return (wan_ops.settings.padded_grid_conv and x.shape[0] == 1
+                and wan_ops._plain_3x3x3(conv) and (n_prev > 0 or x.shape[2] > 1))
+
+    finished = []
+
+    def twin(padded, packed, bias=None, residual=None):
+        finished.append(residual is not None and bias is not None and bias.dtype == torch.float32)
+        return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
+
+    monkeypatch.setattr(wan_ops, "padded_grid_route", forced)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", twin)
+    monkeypatch.setattr(wan_settings, "padded_grid_residual", True)
+    results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
+                                                  "padded_grid_conv", "padded_grid_parts")
+    assert counts[False] == 0 and any(finished) and not all(finished)
+    torch.testing.assert_close(results[True], results[False], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
 def test_padded_grid_route_needs_the_gpu_kernel_and_a_measured_shape():
     """Off the GPU (or without the optional DSL) the route is never taken; on it, only the
     widths ``padded_grid_conv.TILINGS`` lists."""

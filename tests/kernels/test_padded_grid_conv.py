@@ -50,6 +50,25 @@ def test_gemm_over_the_padded_grid_is_the_conv(shape):
     torch.testing.assert_close(twin, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_residual_is_added_to_the_rounded_conv_output():
+    """The epilogue's residual add (a residual block's second conv, identity shortcut): the
+    conv + bias rounded to bf16, then + residual rounded again, as stock's conv and its
+    ``x + h``; both twins agree with that."""
+    x, weight, bias = _inputs(16, 16, 3, 2, 5, 7)
+    x, weight = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+    residual = torch.randn(1, 16, 2, 5, 7, generator=torch.Generator().manual_seed(3))
+    residual = residual.to(torch.bfloat16).contiguous(memory_format=torch.channels_last_3d)
+    conv = F.conv3d(x.float(), weight.float(), bias, padding=(0, 1, 1)).to(torch.bfloat16)
+    expected = (conv.float() + residual.float()).to(torch.bfloat16)
+    padded = _padded(x)
+    packed = pgc.pack_padded_grid_weight(weight)
+    for got in (pgc.padded_grid_gemm_reference(padded, packed, bias, residual),
+                pgc.padded_grid_conv_reference(padded, weight, bias, residual)):
+        assert got.is_contiguous(memory_format=torch.channels_last_3d)
+        # the fp32 sums' order differs from F.conv3d's: one bf16 step at most
+        torch.testing.assert_close(got.float(), expected.float(), rtol=2**-7, atol=2**-7)
+
+
 def test_gemm_ignores_what_lies_in_the_slack_rows():
     """Only dropped windows read the storage past the last frame."""
     x, weight, bias = _inputs(16, 8, 3, 2, 5, 7)
@@ -110,6 +129,12 @@ def test_declines_what_the_kernel_cannot_read_naming_why():
     assert "no measured tiling" in pgc.padded_grid_conv_unsupported(padded, narrow)
     fewer = _padded(x[:, :48].to(torch.bfloat16))
     assert pgc.padded_grid_conv_unsupported(fewer, packed) == "weight takes 96 channels, input has 48"
+    # a residual must be the output's own shape, channels-last-3d, in bf16
+    cl3d = torch.channels_last_3d
+    for bad in (torch.zeros(1, 96, 3, 4, 4, dtype=torch.bfloat16).contiguous(memory_format=cl3d),
+                torch.zeros(1, 96, 2, 4, 4).contiguous(memory_format=cl3d),
+                torch.zeros(1, 96, 2, 4, 4, dtype=torch.bfloat16)):
+        assert "residual" in pgc.padded_grid_conv_unsupported(padded, packed, None, bad)
 
 
 def test_background_preparation_only_for_a_hopper_device():

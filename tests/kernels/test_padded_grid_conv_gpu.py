@@ -1,6 +1,6 @@
 """padded_grid_conv (CUTLASS DSL, Hopper) at Wan 2.1's real conv sizes and at small edge
 shapes on a GPU (tier 3, ``cuda``), against its plain-torch twin (true fp32 conv of the padded
-grid + bias, one rounding). Skipped without the optional ``nvidia-cutlass-dsl`` or off sm_90.
+grid + bias, one rounding; + a residual, a second). Skipped without the optional ``nvidia-cutlass-dsl`` or off sm_90.
 The layout math alone is tier 1, in test_padded_grid_conv.py.
 """
 from __future__ import annotations
@@ -31,21 +31,24 @@ def _skip_reason() -> str | None:
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c)))
-@pytest.mark.parametrize("with_bias", [True, False])
-def test_matches_the_twin(case, with_bias):
+@pytest.mark.parametrize("epilogue", ["bias", "none", "bias+residual"])
+def test_matches_the_twin(case, epilogue):
     reason = _skip_reason()
     if reason is not None:
         pytest.skip(reason)
     c, cout, t_out, h, w = case
     x, weight, bias = conv_tensors((1, c, t_out + 2, h, w), cout, (3, 3, 3), device="cuda")
-    bias = bias.float() if with_bias else None
+    bias = bias.float() if epilogue != "none" else None
+    residual = None
+    if epilogue == "bias+residual" and c == cout:  # a residual block's second conv
+        residual = x[:, :, 2:].contiguous(memory_format=torch.channels_last_3d)
     padded, interior = pgc.empty_padded(tuple(x.shape), x.dtype, x.device)
     interior.copy_(x)
     # Garbage in the slack rows must stay in the dropped rows.
     flat = padded.as_strided((padded.untyped_storage().nbytes() // 2,), (1,), 0)
     flat[padded.numel():] = float("nan")
-    y = pgc.padded_grid_conv(padded, pgc.pack_padded_grid_weight(weight), bias)
-    expected = pgc.padded_grid_conv_reference(padded, weight, bias)
+    y = pgc.padded_grid_conv(padded, pgc.pack_padded_grid_weight(weight), bias, residual)
+    expected = pgc.padded_grid_conv_reference(padded, weight, bias, residual)
     assert y is not None and y.shape == expected.shape
     assert y.is_contiguous(memory_format=torch.channels_last_3d)
     # bf16 output: at most a few roundings of values of magnitude ~1-4.

@@ -124,10 +124,14 @@ class FusedWanResidualBlock(FusedModule):
         # bias and per-tap partial outputs are summed by the pass that reads them next: norm2,
         # then the residual add. The convs themselves are the stock sums.
         x = to_cl3d(x)
-        parts, cache1 = norm_causal_conv(norm1, conv1, [x], prev1, keep, own)
-        parts, cache2 = norm_causal_conv(norm2, conv2, parts, prev2, keep, own,
-                                         in_bias=bias_of(conv1))
-        if isinstance(shortcut, torch.nn.Identity):
+        identity = isinstance(shortcut, torch.nn.Identity)
+        parts, cache1, _ = norm_causal_conv(norm1, conv1, [x], prev1, keep, own)
+        parts, cache2, finished = norm_causal_conv(norm2, conv2, parts, prev2, keep, own,
+                                                   in_bias=bias_of(conv1),
+                                                   residual=x if identity else None)
+        if finished:  # conv2's epilogue added its bias and x
+            h = parts[0]
+        elif identity:
             h = add_parts(parts, bias_of(conv2), x)
         else:
             sources = (bias_of(conv2), bias_of(shortcut))

@@ -590,15 +590,25 @@ def padded_causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None):
     return padded, inp, _fill_front(inp, prev, zeros), zeros
 
 
-def padded_grid_parts(conv, padded: torch.Tensor) -> list[torch.Tensor] | None:
-    """The conv (no bias) of its padded grid as one part, or None where the kernel declines
-    (the caller then convolves the grid's interior on cuDNN)."""
+def padded_grid_parts(conv, padded: torch.Tensor,
+                      residual: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+    """The conv of its padded grid as one part: without its bias, or given ``residual`` with
+    its bias and ``residual`` added (the block's output); None where the kernel declines (the
+    caller then convolves the grid's interior on cuDNN and adds them itself)."""
     full = weight_of(conv)
     if full.dtype != padded.dtype:
         return None
+    stable = is_stable(conv)
     packed = cached(conv, "padded_grid", (full,), lambda: pack_padded_grid_weight(full.detach()),
-                    keep=is_stable(conv))
-    y = padded_grid_conv(padded, packed)
+                    keep=stable)
+    bias = None
+    if residual is not None:
+        source = bias_of(conv)
+        if source is None:
+            return None
+        bias = cached(conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
+                      keep=stable)
+    y = padded_grid_conv(padded, packed, bias, residual)
     return None if y is None else [y]
 
 
@@ -634,11 +644,16 @@ def cache_tail(inp: torch.Tensor, zeros: int, new: torch.Tensor,
 
 def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[torch.Tensor],
                      prev: torch.Tensor | None, keep: bool, own: bool,
-                     in_bias: torch.Tensor | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+                     in_bias: torch.Tensor | None = None,
+                     residual: torch.Tensor | None = None
+                     ) -> tuple[list[torch.Tensor], torch.Tensor | None, bool]:
     """A residual block's ``norm`` (+ SiLU) of ``sum(inputs) + in_bias`` and then its causal
-    ``conv`` over the cached frames ``prev`` and that: ``(conv parts without the bias, next
-    cache or None)``; the next cache is what the stock block stores (``own``: ``wan_code.OWN``)
-    where ``keep``.
+    ``conv`` over the cached frames ``prev`` and that: ``(conv parts, next cache or None,
+    finished)``; the next cache is what the stock block stores (``own``: ``wan_code.OWN``)
+    where ``keep``. The parts are without the conv's bias unless ``finished``: given a
+    ``residual`` (the block's input, an identity shortcut) the padded-grid route, where
+    ``settings.padded_grid_residual`` is on, adds the bias and it in the conv's epilogue and
+    returns the block's output as the one part.
 
     The norm writes straight into the conv's input: the interior of a zero-padded grid on the
     Hopper route (``padded_grid_route``), its own tensor where the conv reads the cached
@@ -659,7 +674,7 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
                       stacked=(buffer, first))
             inputs.clear()
             del x, addends
-            return stacked_parts(conv, buffer), cache
+            return stacked_parts(conv, buffer), cache, False
         new = split_input_frames(conv, x, prev)
         if new is not None:
             cache = split_cache(new) if keep else None
@@ -669,7 +684,7 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
             del x, addends
             if keep and cache is None:
                 cache = next_cache(new, 0)
-            return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache
+            return split_tap_parts(conv, prev, new, *pads(conv)[1:]), cache, False
         inp, new, zeros = causal_input(conv, x, prev, writable=True)
     cache = cache_tail(inp, zeros, new, own) if keep else None
     norm_silu(norm, x, addends=addends, in_bias=in_bias, out=new, tail=cache)
@@ -678,8 +693,12 @@ def norm_causal_conv(norm: torch.nn.Module, conv: torch.nn.Module, inputs: list[
     if keep and cache is None:
         cache = next_cache(inp, zeros, new.shape[2] if own else None)
     del new
-    parts = None if padded is None else padded_grid_parts(conv, padded)
-    return (conv_parts(conv, inp) if parts is None else parts), cache
+    if padded is not None:
+        finish = residual if settings.padded_grid_residual else None
+        parts = padded_grid_parts(conv, padded, finish)
+        if parts is not None:
+            return parts, cache, finish is not None
+    return conv_parts(conv, inp), cache, False
 
 
 def causal_conv3d(conv: torch.nn.Module, x: torch.Tensor, prev: torch.Tensor | None,

@@ -103,6 +103,10 @@ class WanSettings:
     # channels the kernel alone was 1.07x the three 2-D tap convs (H200, s48), which read
     # their cached frames in place where the padded grid copies them in.
     padded_grid_min_channels: int = 96
+    # On that route, a residual block's second conv (identity shortcut) adds its bias and the
+    # block's input in its epilogue, writing the block's output: no residual-add pass reading
+    # the conv's output back. Not measured on a GPU yet (s48), so off.
+    padded_grid_residual: bool = False
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
