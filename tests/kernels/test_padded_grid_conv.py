@@ -137,6 +137,21 @@ def test_declines_what_the_kernel_cannot_read_naming_why():
         assert "residual" in pgc.padded_grid_conv_unsupported(padded, packed, None, bad)
 
 
+def test_declines_sizes_past_its_32_bit_offsets():
+    """The kernel indexes with 32-bit offsets: an input (with its slack rows) or an output of
+    2^31 or more elements is declined, not read or written past 2^31. Meta tensors: the
+    checks need the sizes, not the memory."""
+    meta, bf16 = torch.device("meta"), torch.bfloat16
+    big, _ = pgc.empty_padded((1, 96, 50, 1500, 2000), bf16, meta)  # 14.4e9 input elements
+    packed = torch.empty(96, 3, 3, 3, 96, dtype=bf16, device=meta)
+    assert pgc.padded_grid_conv_unsupported(big, packed) == "2^31 or more input elements"
+    # 192 -> 384 channels: 2.10e9 input elements (under), 3.25e9 output elements (over)
+    wide, _ = pgc.empty_padded((1, 192, 9, 1100, 1100), bf16, meta)
+    assert wide.numel() < 2**31
+    widen = torch.empty(384, 3, 3, 3, 192, dtype=bf16, device=meta)
+    assert pgc.padded_grid_conv_unsupported(wide, widen) == "2^31 or more output elements"
+
+
 def test_background_preparation_only_for_a_hopper_device():
     assert pgc.prepare_in_background(torch.device("cpu")) is False
     assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None
