@@ -293,6 +293,13 @@ def test_high_with_stacked_taps_convs_close_to_lossless(models, kind, shape, mon
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+def _forced_padded_grid_route(conv, x, prev):
+    """The padded-grid route on the CPU: every batch-1 3x3x3 conv but a lone first frame's."""
+    n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
+    return (wan_ops.settings.padded_grid_conv and x.shape[0] == 1
+            and wan_ops._plain_3x3x3(conv) and (n_prev > 0 or x.shape[2] > 1))
+
+
 @pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4], ("wan21", (1, 4, 4, 3, 5))],
                          ids=[IDS[1], IDS[4], "wan21-4-frames"])
 def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monkeypatch):
@@ -303,12 +310,7 @@ def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monk
     takes the other routes."""
     from fast_vae_decode.kernels import padded_grid_conv as pgc
 
-    def forced(conv, x, prev):
-        n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
-        return (wan_ops.settings.padded_grid_conv and x.shape[0] == 1
-                and wan_ops._plain_3x3x3(conv) and (n_prev > 0 or x.shape[2] > 1))
-
-    monkeypatch.setattr(wan_ops, "padded_grid_route", forced)
+    monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
     monkeypatch.setattr(wan_ops, "padded_grid_conv", pgc.padded_grid_gemm_reference)
     results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
                                                   "padded_grid_conv", "padded_grid_parts")
@@ -328,18 +330,13 @@ def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, sh
     from fast_vae_decode.fastpath.families.wan.settings import settings as wan_settings
     from fast_vae_decode.kernels import padded_grid_conv as pgc
 
-    def forced(conv, x, prev):
-        n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
-        return (wan_ops.settings.padded_grid_conv and x.shape[0] == 1
-                and wan_ops._plain_3x3x3(conv) and (n_prev > 0 or x.shape[2] > 1))
-
     finished = []
 
     def twin(padded, packed, bias=None, residual=None):
         finished.append(residual is not None and bias is not None and bias.dtype == torch.float32)
         return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
 
-    monkeypatch.setattr(wan_ops, "padded_grid_route", forced)
+    monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
     monkeypatch.setattr(wan_ops, "padded_grid_conv", twin)
     monkeypatch.setattr(wan_settings, "padded_grid_residual", True)
     results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,

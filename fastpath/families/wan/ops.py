@@ -601,13 +601,9 @@ def padded_grid_parts(conv, padded: torch.Tensor,
     stable = is_stable(conv)
     packed = cached(conv, "padded_grid", (full,), lambda: pack_padded_grid_weight(full.detach()),
                     keep=stable)
-    bias = None
-    if residual is not None:
-        source = bias_of(conv)
-        if source is None:
-            return None
-        bias = cached(conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
-                      keep=stable)
+    source = bias_of(conv) if residual is not None else None
+    bias = None if source is None else cached(
+        conv, "padded_grid_bias", (source,), lambda: source.detach().float(), keep=stable)
     y = padded_grid_conv(padded, packed, bias, residual)
     return None if y is None else [y]
 
