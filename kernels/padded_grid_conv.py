@@ -119,23 +119,30 @@ def padded_shape(x_shape: tuple[int, ...]) -> tuple[int, ...]:
     return (n, c, t, h + 2, w + 2)
 
 
-def empty_padded(x_shape: tuple[int, ...], dtype: torch.dtype,
-                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def empty_padded(x_shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
+                 bordered: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(padded, interior)``: a channels-last-3d padded grid for an input of ``x_shape``
-    (1, C, T, H, W) with its border zeroed and its slack rows allocated, and the view of its
-    interior, (1, C, T, H, W), which the producer writes."""
+    (1, C, T, H, W) with its slack rows allocated and its border zeroed (``bordered``; else
+    the caller fills it, e.g. with ``padded_grid_fill``), and the view of its interior,
+    (1, C, T, H, W), which the producer writes."""
     _, c, t, h, w = x_shape
     h2, w2 = h + 2, w + 2
     storage = torch.empty(((t * h2 + 3) * w2) * c, dtype=dtype, device=device)
-    grid = storage[:t * h2 * w2 * c].view(t, h2, w2, c)
-    grid[:, 0].zero_()
-    grid[:, -1].zero_()
-    grid[:, 1:-1, 0].zero_()
-    grid[:, 1:-1, -1].zero_()
     # The slack rows stay unwritten: only dropped windows read them, and a GEMM row's sum
     # never mixes with another's.
+    grid = storage[:t * h2 * w2 * c].view(t, h2, w2, c)
     padded = grid.permute(3, 0, 1, 2).unsqueeze(0)  # (1, C, T, H2, W2), channels-last-3d
+    if bordered:
+        zero_border(padded)
     return padded, padded[:, :, :, 1:-1, 1:-1]
+
+
+def zero_border(padded: torch.Tensor) -> None:
+    """Zero the one-pixel border of every frame of a padded grid (1, C, T, H + 2, W + 2)."""
+    padded[:, :, :, 0].zero_()
+    padded[:, :, :, -1].zero_()
+    padded[:, :, :, 1:-1, 0].zero_()
+    padded[:, :, :, 1:-1, -1].zero_()
 
 
 def pack_padded_grid_weight(weight: torch.Tensor) -> torch.Tensor:

@@ -319,6 +319,28 @@ def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monk
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind,shape", [CASES[1], ("wan21", (1, 4, 4, 3, 5))],
+                         ids=[IDS[1], "wan21-4-frames"])
+def test_padded_grid_fill_assembles_the_grid_torch_assembled(models, kind, shape, monkeypatch):
+    """On the padded-grid route (forced on the CPU, the GEMM twin standing in for the kernel),
+    ``padded_grid_fill`` writes each grid's border, zero frames and cached frames in one pass:
+    the decode is bit for bit the one torch's fills and copy assembled, and every routed conv
+    took the pass."""
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    monkeypatch.setattr(wan_ops.settings, "padded_grid_conv", True)
+    grids = []
+    real = wan_ops.padded_causal_input
+    monkeypatch.setattr(wan_ops, "padded_causal_input",
+                        lambda *a: (grids.append(1), real(*a))[1])
+    results, counts, _ = _high_per_setting(models, kind, shape, monkeypatch,
+                                           "padded_grid_fill", "padded_grid_fill")
+    assert counts[False] == 0 and counts[True] == len(grids) // 2 > 0
+    assert torch.equal(results[True], results[False])
+
+
 @pytest.mark.parametrize("kind,shape", [CASES[1], CASES[4]], ids=[IDS[1], IDS[4]])
 def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, shape,
                                                                 monkeypatch):

@@ -24,7 +24,9 @@ from ....kernels.padded_grid_conv import (
     empty_padded,
     pack_padded_grid_weight,
     padded_grid_conv,
+    zero_border,
 )
+from ....kernels.padded_grid_fill import padded_grid_fill
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ....kernels.stacked_taps import (
     fill_stacked_,
@@ -584,9 +586,17 @@ def padded_grid_widths(conv) -> bool:
 
 def padded_causal_input(conv, x: torch.Tensor, prev: torch.Tensor | None):
     """``causal_input`` for the padded-grid route: ``(padded grid, its interior, view of the
-    new frames, zero frames in front)``; the producer writes the new frames into the view."""
+    new frames, zero frames in front)``; the producer writes the new frames into the view.
+    The border, zero frames and cached frames go in with one ``padded_grid_fill`` where
+    ``settings.padded_grid_fill`` is on and it takes them, else with torch's fills and copy."""
     shape, zeros = _assembled_shape(x, prev, pads(conv)[0])
-    padded, inp = empty_padded(shape, x.dtype, x.device)
+    fill = settings.padded_grid_fill
+    padded, inp = empty_padded(shape, x.dtype, x.device, bordered=not fill)
+    if fill:
+        if padded_grid_fill(padded, prev, zeros):
+            n_prev = prev.shape[2] if prev is not None else 0
+            return padded, inp, inp[:, :, zeros + n_prev:], zeros
+        zero_border(padded)
     return padded, inp, _fill_front(inp, prev, zeros), zeros
 
 

@@ -107,6 +107,12 @@ class WanSettings:
     # block's input in its epilogue, writing the block's output: no residual-add pass reading
     # the conv's output back. Not measured on a GPU yet (s48), so off.
     padded_grid_residual: bool = False
+    # On that route, the grid's border, zero frames and cached frames written by one Triton
+    # pass (``kernels.padded_grid_fill``) instead of four torch fills and torch's strided copy
+    # of the cached frames into the grid's interior: those took 37 ms over 542 launches of a
+    # routed Wan 2.1 x33 decode on 0.8 (H200, s48 profile), a third of copy speed. Off: the
+    # torch fills and copy, as s48 measured.
+    padded_grid_fill: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
