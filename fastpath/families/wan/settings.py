@@ -95,23 +95,29 @@ class WanSettings:
     # A residual block's 3x3x3 convs with a measured tiling (``kernels.padded_grid_conv``:
     # Wan 2.1's 96, 192 and 384 channels) as one CUTLASS-DSL WGMMA GEMM over a zero-padded
     # input that the norm before it writes, where the optional ``nvidia-cutlass-dsl`` is
-    # installed and the GPU is an sm_90 (Hopper). Alone, CUTLASS's example kernel fed that
-    # input ran those convs 1.08-1.26x faster than the routes below on an H100 (s47 lab),
-    # with one output where the 96-channel taps wrote three. Off until a decode measures it.
-    padded_grid_conv: bool = False
-    # The route's narrowest input: convs of fewer channels keep the routes below. At 96
-    # channels the kernel alone was 1.07x the three 2-D tap convs (H200, s48), which read
-    # their cached frames in place where the padded grid copies them in.
+    # installed and the GPU is an sm_90 (Hopper); elsewhere the routes below, unchanged.
+    # Alone at Wan 2.1 x33's shapes (H100, s49, docs/benchmark/s49/h100/own.log) the kernel
+    # ran 192 / 192->384 / 384 channels 1.31 / 1.24 / 1.21x faster than cuDNN's conv3d and 96
+    # channels 1.28x faster than the three tap convs and their sum. Interleaved against off
+    # (H100, s49, with ``padded_grid_fill``): 0.8 Wan 2.1 x33 -7.4 / -7.3%, x81 -8.7%; 0.33
+    # x33 -4.6% (5 rounds) and +1.3% (7 rounds, quartiles 269.6-293.6 ms), x81 -5.2%.
+    padded_grid_conv: bool = True
+    # The route's narrowest input: convs of fewer channels keep the routes below. From 192
+    # (the 96-channel convs keep their tap convs, which read the cached frames in place) it
+    # measured -6.6 / -5.2% on 0.8's x33 and -5.8% on x81, behind every width's -7.4 / -7.3 /
+    # -8.7%, and -6.7 / +0.6% on 0.33's x33, -5.5% on x81 (H100, s49).
     padded_grid_min_channels: int = 96
     # On that route, a residual block's second conv (identity shortcut) adds its bias and the
     # block's input in its epilogue, writing the block's output: no residual-add pass reading
-    # the conv's output back. Not measured on a GPU yet (s48), so off.
+    # the conv's output back. Off: from 192 channels it measured -6.0% against the route's
+    # -6.6% without it on 0.8's x33, and -0.5% against -6.7% on 0.33's (H100, s49).
     padded_grid_residual: bool = False
     # On that route, the grid's border, zero frames and cached frames written by one Triton
     # pass (``kernels.padded_grid_fill``) instead of four torch fills and torch's strided copy
-    # of the cached frames into the grid's interior: those took 37 ms over 542 launches of a
-    # routed Wan 2.1 x33 decode on 0.8 (H200, s48 profile), a third of copy speed. Off: the
-    # torch fills and copy, as s48 measured.
+    # of the cached frames into the grid's interior (37 ms over 542 launches of a routed Wan
+    # 2.1 x33 decode on 0.8, H200, s48 profile). Alone 1.84-2.09x faster than those (H100, s49);
+    # in the decode, the route with torch's fills and copy measured -3.9% on 0.8's x33 and
+    # +5.6% on 0.33's, against -7.4 / -4.6% with the pass. Off: the torch fills and copy.
     padded_grid_fill: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
