@@ -61,12 +61,17 @@ def start_triton_setup(device: torch.device) -> bool:
     if device.type != "cuda" or triton is None or not torch.cuda.is_available():
         return False
     start_compiler_key()
+    from .families.kl.settings import settings as kl_settings
     from .families.wan.settings import settings as wan_settings
 
-    if wan_settings.padded_grid_conv:  # the optional Hopper conv: its import and compiles
+    # The optional Hopper conv: its import and compiles, for the routes that are on (both
+    # wings' convs are bias-free; Wan's second convs may take the residual epilogue).
+    taps = (((1,) if kl_settings.padded_grid_conv else ())
+            + ((3,) if wan_settings.padded_grid_conv else ()))
+    if taps:
         variants = ((False, False), (True, True)) if wan_settings.padded_grid_residual else \
             ((False, False),)
-        prepare_in_background(device, variants)
+        prepare_in_background(device, variants, taps)
     return True
 
 

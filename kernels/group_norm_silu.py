@@ -442,9 +442,11 @@ def group_norm_silu(
     stats: GroupStats | None = None,
     prefetch: str | None = None,
     fast_silu: bool = False,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """GroupNorm (+ SiLU) of a channels-last x (of ``x + input_bias`` where given, see the
-    module's note); a new channels-last tensor of x.dtype.
+    module's note); a new channels-last tensor of x.dtype, or ``out`` written (``out_reason``:
+    channels-last pixels whose rows and images may lie further apart, a padded grid's interior).
 
     ``stats``: pass 1's statistics of x as ``add_bias_residual_group_stats_`` took them while
     writing x; used where they were taken for this problem and launch plan, else pass 1 runs.
@@ -454,7 +456,8 @@ def group_norm_silu(
     entry (None: ``PREFETCH``); ``fast_silu`` asks the heuristic for SiLU's MUFU form. Neither
     changes the statistics, so handed-over ones match either form.
     """
-    if group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None:
+    if (group_norm_silu_unsupported(x, weight, bias, num_groups, input_bias) is not None
+            or out_reason(out, x) is not None):
         return None
     n, c, h, w = x.shape
     hw = h * w
@@ -463,15 +466,35 @@ def group_norm_silu(
                                         fast_silu)
     plan = _launch_plan(n, c, hw, num_groups, config)
     scale, shift = _scale_shift(x, weight, bias, num_groups, eps, input_bias, config, plan, stats)
-    out = torch.empty_like(x, memory_format=torch.channels_last)
+    dense = out is None or out.is_contiguous(memory_format=torch.channels_last)
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.channels_last)
     with on_device(x.device):
         launch(_group_norm_apply_kernel, (plan.apply_programs, n),
             x, out, scale, shift, hw, plan.apply_tiles_per_program, int(bool(silu)),
+            w, out.stride(2), out.stride(0),
             C=c, BLOCK_P=config.apply_block_p, BLOCK_C=pow2(c),
             PREFETCH=bool(config.apply_prefetch),
-            FAST_SILU=use_fast_silu(config.fast_silu, x.device), num_warps=config.apply_warps,
+            FAST_SILU=use_fast_silu(config.fast_silu, x.device), STRIDED_OUT=not dense,
+            num_warps=config.apply_warps,
         )
     return out
+
+
+def out_reason(out: torch.Tensor | None, x: torch.Tensor) -> str | None:
+    """Why ``group_norm_silu`` cannot write into ``out`` (None if it can, or none is given):
+    x's shape, dtype and device, each pixel's channels contiguous and pixels of a row C apart
+    (rows and images may lie further apart: the interior of a padded grid)."""
+    if out is None:
+        return None
+    if out.shape != x.shape or out.dtype != x.dtype or out.device != x.device:
+        return "out differs from the input in shape, dtype or device"
+    n, c, h, w = x.shape
+    if (c > 1 and out.stride(1) != 1) or (w > 1 and out.stride(3) != c):
+        return "out's pixels are not rows of contiguous channels"
+    if (h > 1 and out.stride(2) < w * c) or (n > 1 and out.stride(0) < h * out.stride(2)):
+        return "out's rows or images overlap"
+    return None
 
 
 # Sizes and loop counts are plain runtime ints (``do_not_specialize``): left to Triton's default,
@@ -656,11 +679,32 @@ if triton is not None:
 
     # SiLU is a runtime flag (a uniform branch per tile): a norm without it (the attention's)
     # shares its width's compilation.
-    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu"])
+    @triton.jit
+    def _apply_store(y, y_ptr, dense_ptrs, mask, silu, n, pp, c, OUT_W, out_row, out_img,
+                     C: tl.constexpr, FAST_SILU: tl.constexpr, STRIDED_OUT: tl.constexpr):
+        """SiLU (where asked) and the store of an apply tile: at ``dense_ptrs`` (x's own
+        layout), or under STRIDED_OUT at pixels ``pp`` (a column of per-image pixel indices) of
+        an output whose pixel rows are ``out_row`` apart and images ``out_img`` (a padded grid's
+        interior): each pixel's C channels stay contiguous, so stores still vectorize."""
+        if silu != 0:
+            y = silu_f32(y, FAST_SILU)
+        if STRIDED_OUT:
+            row = pp // OUT_W
+            col = pp - row * OUT_W
+            dst = y_ptr + (n.to(tl.int64) * out_img + row.to(tl.int64) * out_row + col * C + c)
+        else:
+            dst = dense_ptrs
+        tl.store(dst, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+    # SiLU is a runtime flag (a uniform branch per tile): a norm without it (the attention's)
+    # shares its width's compilation. STRIDED_OUT: y is not x's dense layout but pixel rows
+    # ``out_row`` and images ``out_img`` elements apart, rows of ``OUT_W`` pixels.
+    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu", "OUT_W", "out_row",
+                                   "out_img"])
     def _group_norm_apply_kernel(
-        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu,
+        x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu, OUT_W, out_row, out_img,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr,
-        FAST_SILU: tl.constexpr,
+        FAST_SILU: tl.constexpr, STRIDED_OUT: tl.constexpr,
     ):
         pid = tl.program_id(0)
         n = tl.program_id(1)
@@ -688,10 +732,9 @@ if triton is not None:
                 x_next = tl.load(xp + BLOCK_P * C + tile,
                                  mask=(p < left - (t + 1) * BLOCK_P) & c_ok
                                  & (t + 1 < TILES_PER_PROGRAM), other=0.0)
-                y = x * scale + shift
-                if silu != 0:
-                    y = silu_f32(y, FAST_SILU)
-                tl.store(yp + tile, y.to(y_ptr.dtype.element_ty), mask=mask)
+                _apply_store(x * scale + shift, y_ptr, yp + tile, mask, silu, n,
+                             p0 + t * BLOCK_P + p, c, OUT_W, out_row, out_img, C, FAST_SILU,
+                             STRIDED_OUT)
                 xp += BLOCK_P * C
                 yp += BLOCK_P * C
         else:
@@ -699,8 +742,7 @@ if triton is not None:
             for t in range(TILES_PER_PROGRAM):
                 mask = (p < HW - p0 - t * BLOCK_P) & c_ok
                 x = tl.load(x_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-                y = x * scale + shift
-                if silu != 0:
-                    y = silu_f32(y, FAST_SILU)
-                tl.store(y_ptr + offs, y.to(y_ptr.dtype.element_ty), mask=mask)
+                _apply_store(x * scale + shift, y_ptr, y_ptr + offs, mask, silu, n,
+                             p0 + t * BLOCK_P + p, c, OUT_W, out_row, out_img, C, FAST_SILU,
+                             STRIDED_OUT)
                 offs += BLOCK_P * C

@@ -100,6 +100,14 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
     # Wan 2.1 120x208, the stage's first conv: not in the lab; the 384-channel conv's tile
     (192, 384, 3): Tiling(128, 192, 64, 2),
     (384, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208
+    # 2-D 3x3 convs (one temporal tap, a batch's images as the grid's frames): the KL decoders'
+    # resnet convs, each the faster of two tilings against cuDNN's conv2d + bias, bias in the
+    # epilogue (H100, s49, docs/benchmark/s49/h100/kl.log; SDXL 1024² shapes):
+    (128, 128, 1): Tiling(256, 128, 64, 2),  # 1024²: 1.61x (SD1.5 768x512 b4: 1.60x)
+    (256, 128, 1): Tiling(256, 128, 64, 2),  # 1024², the stage's first conv: 1.31x
+    (256, 256, 1): Tiling(128, 256, 64, 2),  # 512²: 1.27x (SD1.5 b4 384x256: 1.27x)
+    (512, 256, 1): Tiling(128, 256, 64, 2),  # 512², the stage's first conv: 1.16x
+    (512, 512, 1): Tiling(128, 256, 64, 2),  # 256²: 1.17x; 128²: 0.85x (kl.settings's floor)
 }
 
 
@@ -261,11 +269,13 @@ def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, 
     return fn
 
 
-def prepare_in_background(device: torch.device, variants=((False, False),)) -> bool:
-    """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel in each of
-    ``variants``, (bias, residual) pairs (the Wan route's: bias-free, or bias and residual),
-    on a thread of its own, so the first decode that takes the route waits on neither (~2.3 s
-    of import and 0.3-0.5 s per compile, measured here). Best effort; True if started."""
+def prepare_in_background(device: torch.device, variants=((False, False),),
+                          taps: tuple[int, ...] = (1, 3)) -> bool:
+    """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel of ``taps``
+    temporal taps (1: the KL convs, 3: Wan's) in each of ``variants``, (bias, residual) pairs
+    (the Wan route's: bias-free, or bias and residual), on a thread of its own, so the first
+    decode that takes the route waits on neither (~2.3 s of import and 0.3-0.5 s per compile,
+    measured here). Best effort; True if started."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     if torch.cuda.get_device_capability(device) != (9, 0):
@@ -275,6 +285,8 @@ def prepare_in_background(device: torch.device, variants=((False, False),)) -> b
         try:
             if _load_dsl() is None:
                 for cin, cout, kt in TILINGS:
+                    if kt not in taps:
+                        continue
                     for has_bias, has_residual in variants:
                         _compiled(cin, cout, kt, has_bias, has_residual, _cuda.CUstream(0))
         except Exception:  # the first call compiles (or declines) instead

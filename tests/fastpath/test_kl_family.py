@@ -624,3 +624,41 @@ def test_winograd_setting_leaves_an_fp32_decode_on_cudnn_without_transforming_we
     out, stats = _decode(model, z, is_open=True)
     assert stats.fallbacks == {} and made == []
     assert _rel_err(out, expected) < REL_TOL
+
+
+def test_padded_grid_route_runs_every_routed_resnet_conv_on_the_grid(tiny, monkeypatch):
+    """``padded_grid_conv`` (the KL setting) forced on the CPU, the kernel's GEMM twin standing
+    in for the DSL and the tiny decoder's widths standing in for the measured tilings: every
+    resnet conv reads a zero-bordered grid its norm wrote (``group_norm_silu``'s ``out``), and
+    the decode stays as close to stock as the default fast path (the same sums, fp32 here).
+    With ``padded_grid_min_pixels`` past the smallest routed batch, those convs stay on cuDNN."""
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    model, _, z, expected, _ = tiny
+    default, _ = _decode(model, z, is_open=True)
+    widths = {(m.in_channels, m.out_channels, 1) for m in model.decoder.modules()
+              if isinstance(m, torch.nn.Conv2d) and tuple(m.kernel_size) == (3, 3)}
+    pixels = []  # per routed conv: frames (the batch) x H x W of the grid's interior
+
+    def twin(padded, packed, bias=None, residual=None):
+        _, _, t, h2, w2 = padded.shape
+        pixels.append(t * (h2 - 2) * (w2 - 2))
+        return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
+
+    monkeypatch.setattr(kl_ops, "_PADDED_GRID_SHAPES", widths)
+    monkeypatch.setattr(kl_ops, "grid_device_ready", lambda x: True)
+    monkeypatch.setattr(kl_ops, "padded_grid_conv", twin)
+    monkeypatch.setattr(kl_settings.settings, "padded_grid_conv", True)
+    monkeypatch.setattr(kl_settings.settings, "padded_grid_min_pixels", 0)
+    out, stats = _decode(model, z, is_open=True)
+    resnet_convs = 2 * sum(1 for m in model.decoder.modules()
+                           if hasattr(m, "conv1") and hasattr(m, "norm2"))
+    assert stats.fallbacks == {} and len(pixels) == resnet_convs > 0
+    assert _rel_err(out, expected) < REL_TOL
+    assert _rel_err(out, default) < REL_TOL
+    floor = min(pixels) + 1
+    pixels.clear()
+    monkeypatch.setattr(kl_settings.settings, "padded_grid_min_pixels", floor)
+    again, _ = _decode(model, z, is_open=True)
+    assert 0 < len(pixels) < resnet_convs and min(pixels) >= floor
+    assert _rel_err(again, expected) < REL_TOL

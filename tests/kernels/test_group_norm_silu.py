@@ -199,6 +199,41 @@ def test_prefetch_changes_no_bit(shape, dtype, prefetching):
         assert torch.equal(off, on)
 
 
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+@pytest.mark.parametrize("shape", SHAPES, ids=[str(s) for s in SHAPES])
+def test_out_in_a_padded_grid_is_the_dense_result(shape, prefetch):
+    """``out`` as the interior of a zero-bordered grid (rows and images further apart than
+    x's, as ``padded_grid_conv`` reads its input): every pixel holds the bits of the dense
+    result, and the border around it is never written (NaN here)."""
+    from fast_vae_decode.kernels.padded_grid_conv import empty_padded
+
+    n, c, h, w, g = shape
+    weight, bias = _affine(c, dtype=torch.bfloat16)
+    x = _input(n, c, h, w, torch.bfloat16, seed=4)
+    config = TINY._replace(apply_prefetch=prefetch)
+    dense = group_norm_silu(x, weight, bias, g, EPS, config=config)
+    padded, interior = empty_padded((1, c, n, h, w), torch.bfloat16, x.device, bordered=False)
+    padded.fill_(float("nan"))
+    out = interior[0].permute(1, 0, 2, 3)  # (N, C, H, W): images are the grid's frames
+    assert group_norm_silu(x, weight, bias, g, EPS, config=config, out=out) is out
+    assert torch.equal(out, dense)
+    assert bool(padded[:, :, :, 0].isnan().all() and padded[:, :, :, :, -1].isnan().all())
+
+
+def test_out_that_the_kernel_cannot_write_is_declined():
+    weight, bias = _affine(16, dtype=torch.float32)
+    x = _input(1, 16, 3, 5, torch.float32)
+    wrong = {
+        "shape": torch.empty(1, 16, 3, 4).contiguous(memory_format=torch.channels_last),
+        "dtype": torch.empty(1, 16, 3, 5, dtype=torch.float64).contiguous(
+            memory_format=torch.channels_last),
+        "channels not innermost": torch.empty(1, 16, 3, 5),
+        "overlapping rows": torch.empty(1, 16, 1, 5 * 16).as_strided((1, 16, 3, 5), (80, 1, 8, 16)),
+    }
+    for label, out in wrong.items():
+        assert group_norm_silu(x, weight, bias, 8, EPS, out=out) is None, label
+
+
 def test_prefetch_modes_set_the_heuristic_config():
     """A mode names the config fields it sets; apply prefetch leaves room for its registers
     (5 programs per SM, not 6); None is the module's default; an unknown name is refused."""

@@ -43,7 +43,7 @@ from .ops import (
     add_bias_residual_,
     conv2d,
     like_input,
-    resnet_conv,
+    norm_silu_conv,
     to_channels_last,
     weights_reason,
 )
@@ -94,12 +94,11 @@ class _FusedResnet(FusedModule, StockLayoutGuard):
         xc = to_channels_last(x)
         # Conv biases are added by one channels-last pass each (torch's broadcast add after the
         # conv is a slow generic kernel on channels-last), and conv2's together with the residual.
-        h = resnet_conv(conv1, norm1.norm_silu(xc))
+        h = norm_silu_conv(norm1, conv1, xc)
         if settings.norm_input_bias:
-            h = norm2.norm_silu(h, input_bias=bias_of(conv1))
+            out = norm_silu_conv(norm2, conv2, h, input_bias=bias_of(conv1))
         else:
-            h = norm2.norm_silu(add_bias_residual_(h, bias_of(conv1)))
-        out = resnet_conv(conv2, h)
+            out = norm_silu_conv(norm2, conv2, add_bias_residual_(h, bias_of(conv1)))
         # The sum is the next block's norm input; changed after the add, nothing is handed on.
         groups = norm1.num_groups if out_scale == 1 else None
         if shortcut is None:

@@ -25,13 +25,18 @@ from ....kernels.group_norm_silu import (
     group_norm_silu,
     group_norm_silu_unsupported,
 )
+from ....kernels.group_norm_silu import out_reason as group_norm_out_reason
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, narrow_conv_unsupported, pack_narrow_conv_weight
+from ....kernels.padded_grid_conv import TILINGS as _PADDED_GRID_SHAPES
+from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, zero_border
+from ....kernels.padded_grid_fill import padded_grid_fill
 from ....kernels.winograd_conv import winograd_conv, winograd_conv_unsupported, winograd_weight
 from ...cache import cached
 from ...comfyui.weights import bias_of, fetch_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
 from ...fused import FusedModule
+from ...padded_grid import grid_device_ready, packed_grid_weight
 from ...reasons import AUTOGRAD as _AUTOGRAD
 from ...video_ops import conv_weight
 from .settings import settings
@@ -141,6 +146,40 @@ def resnet_conv(conv: torch.nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
                    keep=is_stable(conv))
         return winograd_conv(x, u)
     return conv2d(conv, x, use_bias=False)
+
+
+def grid_conv_route(conv: torch.nn.Module, x: torch.Tensor) -> bool:
+    """Whether a resnet conv of channels-last ``x`` runs on ``padded_grid_conv``: where
+    ``settings.padded_grid_conv`` is on, the conv is a plain 3x3 of a measured tiling, the
+    batch has ``settings.padded_grid_min_pixels`` pixels, and the DSL runs on x's device."""
+    if (not settings.padded_grid_conv or not _plain_conv(conv)
+            or tuple(conv.kernel_size) != (3, 3) or tuple(conv.padding) != (1, 1)
+            or (conv.in_channels, conv.out_channels, 1) not in _PADDED_GRID_SHAPES):
+        return False
+    n, _, h, w = x.shape
+    return n * h * w >= settings.padded_grid_min_pixels and grid_device_ready(x)
+
+
+def norm_silu_conv(norm: FusedGroupNormSiLU, conv: torch.nn.Conv2d, x: torch.Tensor,
+                   input_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``conv(silu(norm(x + input_bias)))`` without the conv's bias (the next fused pass adds
+    it), channels-last. On the padded-grid route (``grid_conv_route``) the norm writes the
+    interior of a zero-bordered grid whose frames are the batch's images, and the DSL conv
+    reads it in place; otherwise the norm kernel, then ``resnet_conv``."""
+    if grid_conv_route(conv, x):
+        packed = packed_grid_weight(conv, x.dtype)
+        if packed is not None:
+            n, c, h, w = x.shape
+            padded, interior = empty_padded((1, c, n, h, w), x.dtype, x.device, bordered=False)
+            if not padded_grid_fill(padded, None, 0):
+                zero_border(padded)
+            normed = norm.norm_silu(x, input_bias=input_bias,
+                                    out=interior[0].permute(1, 0, 2, 3))
+            y = padded_grid_conv(padded, packed)
+            if y is not None:
+                return y[0].permute(1, 0, 2, 3)  # (N, Cout, H, W), dense channels-last
+            return resnet_conv(conv, normed)
+    return resnet_conv(conv, norm.norm_silu(x, input_bias=input_bias))
 
 
 def _narrow_weight(conv: torch.nn.Module):
@@ -299,9 +338,11 @@ class FusedGroupNormSiLU(FusedModule):
         return folded
 
     def norm_silu(self, x: torch.Tensor, silu: bool = True,
-                  input_bias: torch.Tensor | None = None) -> torch.Tensor:
+                  input_bias: torch.Tensor | None = None,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
         """GroupNorm (+ SiLU) of channels-last ``x`` (+ ``input_bias`` per channel, never added
-        in memory) through the kernel; raises if it declines.
+        in memory) through the kernel, into ``out`` where given (``group_norm_silu``'s); raises
+        if it declines.
 
         Callers check ``input_reason``/``weights_reason`` first, so a decline here is a
         mismatch between those checks and the kernel's; raising sends the calling block to its
@@ -311,8 +352,10 @@ class FusedGroupNormSiLU(FusedModule):
         stats = take_handed_stats(x)
         y = group_norm_silu(x, weight, bias, self.num_groups, self.eps, silu=silu,
                             input_bias=input_bias, stats=stats,
-                            prefetch=settings.group_norm_prefetch, fast_silu=settings.fast_silu)
+                            prefetch=settings.group_norm_prefetch, fast_silu=settings.fast_silu,
+                            out=out)
         if y is None:
             raise RuntimeError("group_norm_silu declined: " + str(
-                group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)))
+                group_norm_silu_unsupported(x, weight, bias, self.num_groups, input_bias)
+                or group_norm_out_reason(out, x)))
         return y

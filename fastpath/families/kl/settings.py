@@ -39,6 +39,17 @@ class KLSettings:
     # chunked softmax until measured.
     auto_exp_scores: bool = True
     exp_scores_min_tokens: int = 65536
+    # A resnet block's 3x3 convs with a measured tiling (``kernels.padded_grid_conv`` with one
+    # temporal tap: the batch's images are the grid's frames) as one CUTLASS-DSL WGMMA GEMM
+    # over a zero-bordered input its norm writes, where the optional ``nvidia-cutlass-dsl`` is
+    # installed and the GPU is an sm_90 (Hopper); cuDNN elsewhere. Alone against cuDNN's
+    # conv2d + bias at SDXL 1024²'s convs (H100, s49, docs/benchmark/s49/h100/kl.log): 128 ch
+    # at 1024² 1.61x, 256 -> 128 1.31x, 256 at 512² 1.27x, 512 -> 256 1.16x, 512 at 256² 1.17x,
+    # 512 at 128² 0.85x (hence ``padded_grid_min_pixels``). Off until a decode measures it.
+    padded_grid_conv: bool = False
+    # The route's smallest conv, in pixels over the batch: 512 channels at 128² (16384) were
+    # slower than cuDNN, at 256² (65536) and SD1.5 b4's 4 x 192x128 faster (s49).
+    padded_grid_min_pixels: int = 65536
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
     attention_fp32_scores: bool = False
     # Chunked attention's softmax as ``softmax_rows`` (Triton, in place: one read and one write

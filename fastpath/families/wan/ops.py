@@ -19,13 +19,7 @@ import torch.nn.functional as F
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 from ....kernels.padded_grid_conv import TILINGS as _PADDED_GRID_SHAPES
-from ....kernels.padded_grid_conv import (
-    dsl_unavailable_reason,
-    empty_padded,
-    pack_padded_grid_weight,
-    padded_grid_conv,
-    zero_border,
-)
+from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, zero_border
 from ....kernels.padded_grid_fill import padded_grid_fill
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ....kernels.stacked_taps import (
@@ -38,6 +32,7 @@ from ...cache import cached
 from ...comfyui.wan_code import JOINED, OWN, causal_padding, fingerprinted, method_code, stock_class
 from ...comfyui.weights import bias_of, comfy_cast_reason, is_stable, weight_of
 from ...conv_routes import NARROW_CONV, conv_route
+from ...padded_grid import grid_device_ready, packed_grid_weight
 from ...prewarm import frame_hint
 from ...video_ops import CL3D, add_parts, conv_weight, sum_parts, to_cl3d
 from .settings import settings
@@ -565,14 +560,14 @@ def padded_grid_route(conv, x: torch.Tensor, prev: torch.Tensor | None) -> bool:
     ``padded_grid_conv``: where ``settings.padded_grid_conv`` is on, the DSL runs on ``x``'s
     device, the conv's widths are routed (``padded_grid_widths``), and the assembled input has
     at least three frames (a lone first frame keeps the routes above)."""
-    if not settings.padded_grid_conv or not x.is_cuda or x.dtype != torch.bfloat16:
+    if not settings.padded_grid_conv:
         return False
     if x.dim() != 5 or x.shape[0] != 1 or not padded_grid_widths(conv):
         return False
     n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
     if n_prev == 0 and x.shape[2] == 1:
         return False
-    return dsl_unavailable_reason(x.device) is None
+    return grid_device_ready(x)
 
 
 def padded_grid_widths(conv) -> bool:
@@ -605,15 +600,13 @@ def padded_grid_parts(conv, padded: torch.Tensor,
     """The conv of its padded grid as one part: without its bias, or given ``residual`` with
     its bias and ``residual`` added (the block's output); None where the kernel declines (the
     caller then convolves the grid's interior on cuDNN and adds them itself)."""
-    full = weight_of(conv)
-    if full.dtype != padded.dtype:
+    packed = packed_grid_weight(conv, padded.dtype)
+    if packed is None:
         return None
-    stable = is_stable(conv)
-    packed = cached(conv, "padded_grid", (full,), lambda: pack_padded_grid_weight(full.detach()),
-                    keep=stable)
     source = bias_of(conv) if residual is not None else None
     bias = None if source is None else cached(
-        conv, "padded_grid_bias", (source,), lambda: source.detach().float(), keep=stable)
+        conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
+        keep=is_stable(conv))
     y = padded_grid_conv(padded, packed, bias, residual)
     return None if y is None else [y]
 
