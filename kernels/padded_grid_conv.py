@@ -278,7 +278,10 @@ def prepare_in_background(device: torch.device, variants=((False, False),),
     measured here). Best effort; True if started."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
-    if torch.cuda.get_device_capability(device) != (9, 0):
+    try:
+        if torch.cuda.get_device_capability(device) != (9, 0):
+            return False
+    except Exception:  # best effort: a device CUDA cannot query is the first call's to judge
         return False
 
     def work() -> None:
