@@ -107,3 +107,23 @@ def test_gpu_fast_silu_matches_reference(shape, dtype):
     torch.testing.assert_close(fast.float(), ref.float(), rtol=rtol, atol=atol)
     step = {torch.bfloat16: 2**-7, torch.float16: 2**-10, torch.float32: 1e-6}[dtype]
     torch.testing.assert_close(fast.float(), exact.float(), rtol=step, atol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(1, 128, 1024, 1024), (4, 256, 384, 256), (1, 512, 256, 256)],
+                         ids=["128x1024", "b4-256x384x256", "512x256"])
+def test_gpu_out_in_a_padded_grid_is_the_dense_result(shape):
+    """``out`` as a padded grid's interior at the KL route's sizes: the dense result's bits,
+    the border never written."""
+    from fast_vae_decode.kernels.padded_grid_conv import empty_padded
+
+    n, c, h, w = shape
+    x = _input(n, c, h, w, torch.bfloat16, device="cuda")
+    weight, bias = _affine(c, device="cuda", dtype=torch.bfloat16)
+    dense = group_norm_silu(x, weight, bias, 32, EPS)
+    padded, interior = empty_padded((1, c, n, h, w), torch.bfloat16, x.device, bordered=False)
+    padded.fill_(float("nan"))
+    out = interior[0].permute(1, 0, 2, 3)
+    assert group_norm_silu(x, weight, bias, 32, EPS, out=out) is out
+    assert torch.equal(out, dense)
+    assert bool(padded[:, :, :, 0].isnan().all() and padded[:, :, :, :, 0].isnan().all())

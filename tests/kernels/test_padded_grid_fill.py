@@ -19,6 +19,7 @@ CASES = [
     (96, 4, 5, 7, 0, 2, True),     # the route's chunk: two cached frames, then two new ones
     (16, 3, 4, 150, 2, 0, True),   # a first chunk: zero frames only; rows longer than a block
     (8, 3, 3, 800, 1, 1, True),    # rows of four blocks: two lie wholly inside (unmasked path)
+    (8, 2, 2, 300, 0, 0, True),    # new frames only (the KL route): rows of blocks, border only
     (12, 3, 2, 9, 0, 2, False),    # cached frames with strided pixels (a gather, not a run)
     (3, 3, 4, 5, 1, 1, True),      # channels not a multiple of 16 (no 16-byte runs)
     (16, 2, 1, 1, 0, 0, True),     # single-pixel frames, nothing in front: only the border
@@ -91,6 +92,9 @@ def test_fill_declines_what_it_cannot_take_and_writes_nothing():
         "too many frames": (padded, good, 2),
         "dtype": (padded, good.to(torch.float64), 0),
         "channels not innermost": (padded, good.contiguous(), 0),
+        "a border pixel wider than a block": (
+            pgc.empty_padded((1, pgf.BLOCK + 8, 1, 1, 1), torch.float32, torch.device("cpu"),
+                             bordered=False)[0], None, 0),
     }
     for label, (grid, front, zeros) in declines.items():
         assert pgf.padded_grid_fill_unsupported(grid, front, zeros) is not None, label
