@@ -102,7 +102,8 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
     (384, 384, 3): Tiling(128, 192, 64, 2),  # Wan 2.1 120x208
     # 2-D 3x3 convs (one temporal tap, a batch's images as the grid's frames): the KL decoders'
     # resnet convs, each the faster of two tilings against cuDNN's conv2d + bias, bias in the
-    # epilogue (H100, s49, docs/benchmark/s49/h100/kl.log; SDXL 1024² shapes):
+    # epilogue (H100, s49, docs/benchmark/s49/h100/kl.log; SDXL 1024² shapes). Their decode
+    # route is off: there cuDNN's bias-free convs are faster (``kl.settings``).
     (128, 128, 1): Tiling(256, 128, 64, 2),  # 1024²: 1.61x (SD1.5 768x512 b4: 1.60x)
     (256, 128, 1): Tiling(256, 128, 64, 2),  # 1024², the stage's first conv: 1.31x
     (256, 256, 1): Tiling(128, 256, 64, 2),  # 512²: 1.27x (SD1.5 b4 384x256: 1.27x)

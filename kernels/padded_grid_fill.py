@@ -9,10 +9,10 @@ interior, which torch runs as its generic strided copy, element by element. On a
 copies took 37 ms of a routed Wan 2.1 x33 decode on ComfyUI 0.8 (542 launches), about a third
 of copy speed for the bytes they move (s48 profile, ``docs/benchmark/s48/h200``).
 
-Here each program owns one padded pixel row (W + 2 pixels of C channels, contiguous in the
-grid): in a front frame it writes the whole row (zeros, or a cached row between two zero
-pixels), and in a new frame only its border (the whole row at the top and bottom, else the two
-border pixels), never the interior the producer writes. Where the cached frames' pixel rows are dense (x stride C), a block that lies
+Here each program owns a block of one padded pixel row (W + 2 pixels of C channels, contiguous
+in the grid): in a front frame it writes the whole block (zeros, or a cached row between two
+zero pixels), and in a new frame only the border pixels it holds, never the interior the
+producer writes. Where the cached frames' pixel rows are dense (x stride C), a block that lies
 inside the row reads them as one contiguous run.
 
 Offsets are int64: a grid of 96 channels at 1280x720 passes 2^31 elements at 25 frames.
@@ -26,7 +26,7 @@ from .accepts import FLOAT_DTYPES
 from .backend import launch, on_device, tl, triton, triton_unavailable_reason
 from .padded_grid_conv import zero_border
 
-BLOCK = 2048  # elements of a pixel row per step: 16 per thread at 4 warps (C <= BLOCK)
+BLOCK = 2048  # elements of a pixel row per program: 16 per thread at 4 warps
 NUM_WARPS = 4
 
 
@@ -52,8 +52,6 @@ def padded_grid_fill_unsupported(padded: torch.Tensor, front: torch.Tensor | Non
     if padded.dtype not in FLOAT_DTYPES:
         return f"{padded.dtype} grid"
     _, c, t, h2, w2 = padded.shape
-    if c > BLOCK:
-        return f"{c} channels (a border pixel must fit one block of {BLOCK})"
     n = 0
     if front is not None:
         if (front.dim() != 5 or front.shape[0] != 1 or front.shape[1] != c
@@ -94,7 +92,7 @@ def padded_grid_fill(padded: torch.Tensor, front: torch.Tensor | None, zeros: in
     src = padded if front is None else front
     s_t, s_y, s_x = (0, 0, c) if front is None else (front.stride(2), front.stride(3),
                                                      front.stride(4))
-    grid = (t * h2,)
+    grid = (t * h2, -(-row // BLOCK))
     with on_device(padded.device):
         launch(_padded_grid_fill_kernel, grid, padded, src, h2, row, s_t, s_y, s_x,
                zeros, zeros + n, C=c, DENSE=int(s_x == c), BLOCK=BLOCK, num_warps=NUM_WARPS)
@@ -108,43 +106,39 @@ if triton is not None:
         grid_ptr, src_ptr, H2, ROW, s_t, s_y, s_x, zeros, front,
         C: tl.constexpr, DENSE: tl.constexpr, BLOCK: tl.constexpr,
     ):
-        # One program per padded pixel row, over all frames: a row that is written whole (a
-        # zero frame's, a frame's top or bottom, a cached frame's) is streamed in blocks; a new
-        # frame's interior row gets its two border pixels only, so a grid whose frames are all
-        # new (the KL route's) costs one short program per row, not one per block.
-        r = tl.program_id(0)
+        r = tl.program_id(0)  # a padded pixel row, over all frames
+        blk = tl.program_id(1)
         t = r // H2
         y2 = r - t * H2
-        row_ptr = grid_ptr + r.to(tl.int64) * ROW
-        lanes = tl.arange(0, BLOCK)
+        start = blk * BLOCK
+        offs = start + tl.arange(0, BLOCK)
+        in_row = offs < ROW
+        dst = grid_ptr + r.to(tl.int64) * ROW + offs
         zero = tl.zeros((BLOCK,), dtype=grid_ptr.dtype.element_ty)
         edge_row = (y2 == 0) | (y2 == H2 - 1)
-        if edge_row | (t < zeros):
-            for start in range(0, ROW, BLOCK):
-                tl.store(row_ptr + start + lanes, zero, mask=start + lanes < ROW)
-        elif t < front:
-            base = (t - zeros).to(tl.int64) * s_t + (y2 - 1).to(tl.int64) * s_y
-            for start in range(0, ROW, BLOCK):
-                offs = start + lanes
+        if t < front:
+            if (t < zeros) | edge_row:
+                tl.store(dst, zero, mask=in_row)
+            else:
+                base = (t - zeros).to(tl.int64) * s_t + (y2 - 1).to(tl.int64) * s_y
                 if DENSE:
                     # The cached row is W * C contiguous elements: offset by one pixel.
                     src = src_ptr + base + (offs - C)
                     if (start >= C) & (start + BLOCK <= ROW - C):
-                        tl.store(row_ptr + offs, tl.load(src))
+                        tl.store(dst, tl.load(src))
                     else:
                         inside = (offs >= C) & (offs < ROW - C)
-                        tl.store(row_ptr + offs, tl.load(src, mask=inside, other=0.0),
-                                 mask=offs < ROW)
+                        tl.store(dst, tl.load(src, mask=inside, other=0.0), mask=in_row)
                 else:
                     x2 = offs // C
                     inside = (x2 >= 1) & (offs < ROW - C)
                     src = src_ptr + base + (x2 - 1).to(tl.int64) * s_x + (offs - x2 * C)
-                    tl.store(row_ptr + offs, tl.load(src, mask=inside, other=0.0),
-                             mask=offs < ROW)
-        else:
-            # A new frame's interior row: the producer writes all but its border pixels.
-            tl.store(row_ptr + lanes, zero, mask=lanes < C)
-            tl.store(row_ptr + (ROW - C) + lanes, zero, mask=lanes < C)
+                    tl.store(dst, tl.load(src, mask=inside, other=0.0), mask=in_row)
+        elif edge_row:
+            tl.store(dst, zero, mask=in_row)
+        elif (start < C) | (start + BLOCK > ROW - C):
+            # Only the border pixels of a new frame's row: its interior is the producer's.
+            tl.store(dst, zero, mask=in_row & ((offs < C) | (offs >= ROW - C)))
 
 
 __all__ = [

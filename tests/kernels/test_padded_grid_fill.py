@@ -92,9 +92,6 @@ def test_fill_declines_what_it_cannot_take_and_writes_nothing():
         "too many frames": (padded, good, 2),
         "dtype": (padded, good.to(torch.float64), 0),
         "channels not innermost": (padded, good.contiguous(), 0),
-        "a border pixel wider than a block": (
-            pgc.empty_padded((1, pgf.BLOCK + 8, 1, 1, 1), torch.float32, torch.device("cpu"),
-                             bordered=False)[0], None, 0),
     }
     for label, (grid, front, zeros) in declines.items():
         assert pgf.padded_grid_fill_unsupported(grid, front, zeros) is not None, label

@@ -39,16 +39,21 @@ class KLSettings:
     # chunked softmax until measured.
     auto_exp_scores: bool = True
     exp_scores_min_tokens: int = 65536
-    # A resnet block's 3x3 convs with a measured tiling (``kernels.padded_grid_conv`` with one
-    # temporal tap: the batch's images are the grid's frames) as one CUTLASS-DSL WGMMA GEMM
-    # over a zero-bordered input its norm writes, where the optional ``nvidia-cutlass-dsl`` is
-    # installed and the GPU is an sm_90 (Hopper); cuDNN elsewhere. Alone against cuDNN's
-    # conv2d + bias at SDXL 1024²'s convs (H100, s49, docs/benchmark/s49/h100/kl.log): 128 ch
-    # at 1024² 1.61x, 256 -> 128 1.31x, 256 at 512² 1.27x, 512 -> 256 1.16x, 512 at 256² 1.17x,
-    # 512 at 128² 0.85x (hence ``padded_grid_min_pixels``). Off until a decode measures it.
+    # A resnet block's 3x3 convs with a tiling (``kernels.padded_grid_conv`` with one temporal
+    # tap: the batch's images are the grid's frames) as one CUTLASS-DSL WGMMA GEMM over a
+    # zero-bordered input its norm writes, where the optional ``nvidia-cutlass-dsl`` is
+    # installed and the GPU is an sm_90 (Hopper). Off: it makes decodes slower. Interleaved
+    # against cuDNN (H100, s49, 9 rounds, docs/benchmark/s49/h100/inter-kl-*.log): SDXL 1024²
+    # +14.8 / +9.7% (0.33 / 0.8), SD1.5 768x512 b4 +18.6 / +14.0%, SDXL 2048² +19.1 / +14.3%.
+    # Alone the kernel had looked 1.16-1.61x faster (kl.log), but against conv2d + bias on
+    # cuDNN's heuristic choice, not the bias-free convs the decode runs: in the decode's
+    # profile the 18 routed convs took 8.85 ms (prof-kl-grid.log) where cuDNN's took 7.78 on
+    # an H200 (docs/benchmark/7c40816), and the norm writing the grid (two-byte stores then)
+    # and the border fills cost more besides. s47's lab had the DSL GEMM at 0.89-0.99x cuDNN on
+    # these shapes.
     padded_grid_conv: bool = False
     # The route's smallest conv, in pixels over the batch: 512 channels at 128² (16384) were
-    # slower than cuDNN, at 256² (65536) and SD1.5 b4's 4 x 192x128 faster (s49).
+    # 0.85x cuDNN in that lab, larger ones faster there.
     padded_grid_min_pixels: int = 65536
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
     attention_fp32_scores: bool = False
