@@ -699,11 +699,13 @@ if triton is not None:
     # SiLU is a runtime flag (a uniform branch per tile): a norm without it (the attention's)
     # shares its width's compilation. STRIDED_OUT: y is not x's dense layout but pixel rows
     # ``out_row`` and images ``out_img`` elements apart, rows of ``OUT_W`` pixels.
-    # The output's strides stay specialized (Triton's divisibility by 16): as runtime values
-    # they hid the alignment of each pixel's channels and the stores went two bytes at a time
-    # (the apply pass took 4.02 ms of an H100 SDXL 1024² decode into grids, s49, where the
-    # dense one takes ~3). Every decoder width makes them multiples of 16: one variant.
-    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu", "OUT_W"])
+    # The output's strides are runtime values, as every size here: that is the form that ran
+    # on a GPU (s49). It hides their divisibility, so a strided out (the KL grid route's, off)
+    # is stored two bytes at a time: the apply pass took 4.02 ms of an H100 SDXL 1024² decode
+    # into grids, where the dense one takes ~3. Specializing them (Triton's divisibility by 16)
+    # is the fix to measure with that route.
+    @triton.jit(do_not_specialize=["HW", "TILES_PER_PROGRAM", "silu", "OUT_W", "out_row",
+                                   "out_img"])
     def _group_norm_apply_kernel(
         x_ptr, y_ptr, scale_ptr, shift_ptr, HW, TILES_PER_PROGRAM, silu, OUT_W, out_row, out_img,
         C: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, PREFETCH: tl.constexpr,
