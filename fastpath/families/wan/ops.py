@@ -560,8 +560,8 @@ def padded_grid_route(conv, x: torch.Tensor, prev: torch.Tensor | None) -> bool:
     ``padded_grid_conv``: where ``settings.padded_grid_conv`` is on, the DSL runs on ``x``'s
     device, the conv's widths are routed (``padded_grid_widths``), and the assembled input has
     at least three frames (a lone first frame keeps the routes above)."""
-    if not settings.padded_grid_conv:
-        return False
+    if not settings.padded_grid_conv or not x.is_cuda or x.dtype != torch.bfloat16:
+        return False  # before the conv's own checks: off the GPU nothing more is asked
     if x.dim() != 5 or x.shape[0] != 1 or not padded_grid_widths(conv):
         return False
     n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
