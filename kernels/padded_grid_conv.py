@@ -34,6 +34,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from .backend import on_device
+
 # The DSL is imported on first use, not with the pack: importing it takes ~2.3 s (measured
 # here, python 3.12), which ComfyUI's start-up must not pay. Its modules then become these
 # globals, which the kernel's string annotations resolve against.
@@ -112,12 +114,26 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
 }
 
 
+# Per CUDA device index: whether it is an sm_90. Every routed conv asks twice (route, kernel),
+# and torch's capability query resolves the device and reads its properties each time: host
+# time where a Wan decode on ComfyUI 0.33 already leaves the GPU waiting (s50 profile).
+_HOPPER: dict[int, bool] = {}
+
+
+def _is_hopper(device: torch.device) -> bool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    hopper = _HOPPER.get(index)
+    if hopper is None:
+        hopper = _HOPPER[index] = torch.cuda.get_device_capability(index) == (9, 0)
+    return hopper
+
+
 def dsl_unavailable_reason(device: torch.device | None = None) -> str | None:
     """None when the kernel may run on ``device``; otherwise a short reason for the log. The
     DSL is imported (once) only for a Hopper device."""
     if device is None or device.type != "cuda":
         return "not a CUDA tensor"
-    if torch.cuda.get_device_capability(device) != (9, 0):
+    if not _is_hopper(device):
         return "not an sm_90 GPU (Hopper)"
     return _load_dsl()
 
@@ -280,7 +296,7 @@ def prepare_in_background(device: torch.device, variants=((False, False),),
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     try:
-        if torch.cuda.get_device_capability(device) != (9, 0):
+        if not _is_hopper(device):
             return False
     except Exception:  # best effort: a device CUDA cannot query is the first call's to judge
         return False
@@ -320,8 +336,8 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
     t_out, h, w = t_in - kt + 1, h2 - 2, w2 - 2
     out = torch.empty((1, cout, t_out, h, w), dtype=padded.dtype, device=padded.device,
                       memory_format=torch.channels_last_3d)
-    with torch.cuda.device(padded.device):
-        stream = _cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    with on_device(padded.device):
+        stream = _stream(torch.cuda.current_stream().cuda_stream)
         fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream)
         # Absent operands get the weight's address as a placeholder; the kernel never reads it.
         fn(_ptr(cutlass.BFloat16, padded.data_ptr()), _ptr(cutlass.BFloat16, packed.data_ptr()),
@@ -330,6 +346,20 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
            _ptr(cutlass.BFloat16, residual.data_ptr() if residual is not None
                 else packed.data_ptr()), t_out, h, w, stream)
     return out
+
+
+# The driver's stream handles as the DSL takes them, one per torch stream (a decode uses one or
+# two): wrapping the handle anew cost host time on every call.
+_STREAMS: dict[int, object] = {}
+
+
+def _stream(handle: int):
+    stream = _STREAMS.get(handle)
+    if stream is None:
+        if len(_STREAMS) >= 64:  # streams come and go (ComfyUI's offload streams): stay bounded
+            _STREAMS.clear()
+        stream = _STREAMS[handle] = _cuda.CUstream(handle)
+    return stream
 
 
 def _define_kernel():
