@@ -69,6 +69,9 @@ def channel_stride_one(x: torch.Tensor) -> bool:
     return x.dim() >= 2 and (x.shape[1] == 1 or x.stride(1) == 1)
 
 
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
 def pixels_dense(x: torch.Tensor) -> bool:
     """Within each sample, pixels are rows of C contiguous channels.
 
@@ -76,6 +79,11 @@ def pixels_dense(x: torch.Tensor) -> bool:
     channels-last-3d batch keeps dense samples but not a dense batch). Size-1 dims carry no
     layout, so their strides are ignored.
     """
+    # torch's own channels-last test ignores size-1 dims the same way and is checked in C++:
+    # the common case answers without the loop (host time on every launch of a decode).
+    fmt = _CHANNELS_LAST.get(x.dim())
+    if fmt is not None and x.numel() and x.is_contiguous(memory_format=fmt):
+        return True
     expected = 1
     for dim in [1] + list(range(x.dim() - 1, 1, -1)):
         if x.shape[dim] != 1 and x.stride(dim) != expected:
