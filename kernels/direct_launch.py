@@ -65,7 +65,7 @@ class _Unkeyable(Exception):
     pass
 
 
-_I32 = range(-(2 ** 31), 2 ** 31)
+_I32_BOUND = 2 ** 31
 _TENSOR_TYPES = frozenset((torch.Tensor, torch.nn.Parameter))
 
 
@@ -73,7 +73,9 @@ def _arg_key(a: Any) -> Any:
     """What about one positional argument could make Triton pick another compiled kernel."""
     kind = type(a)
     if kind is int:  # Triton: i32 / i64 / u64 by range; ``== 1`` and ``% 16 == 0`` specialised
-        return (a == 1, a % 16 == 0, a in _I32, a >= 2 ** 63)
+        if -_I32_BOUND <= a < _I32_BOUND:  # nearly every int: one small int as its key
+            return 1 if a == 1 else 16 if a % 16 == 0 else 0
+        return (a % 16 == 0, a >= 2 ** 63)
     if kind is float:
         return float
     if kind is bool:
