@@ -71,7 +71,7 @@ def start_triton_setup(device: torch.device) -> bool:
     if taps:
         variants = ((False, False), (True, True)) if wan_settings.padded_grid_residual else \
             ((False, False),)
-        prepare_in_background(device, variants, taps)
+        prepare_in_background(device, variants, taps, ffi=wan_settings.padded_grid_tvm_ffi)
     return True
 
 

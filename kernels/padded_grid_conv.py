@@ -268,8 +268,11 @@ _COMPILED: dict[tuple, object] = {}
 _COMPILE_LOCK = threading.Lock()
 
 
-def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, stream):
-    key = (cin, cout, kt, has_bias, has_residual)
+def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, stream,
+              ffi: bool = False):
+    """The compiled kernel; ``ffi``: compiled for TVM FFI calls (``tvm_ffi_reason``), as the
+    positional ``tvm_ffi.Function`` that takes every argument as a Python int."""
+    key = (cin, cout, kt, has_bias, has_residual, ffi)
     fn = _COMPILED.get(key)
     if fn is None:
         with _COMPILE_LOCK:
@@ -280,19 +283,49 @@ def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, 
                 null = [_ptr(dt, 0) for dt in (cutlass.BFloat16, cutlass.BFloat16,
                                                cutlass.Float32, cutlass.BFloat16,
                                                cutlass.BFloat16)]
+                extra = {"options": "--enable-tvm-ffi"} if ffi else {}
                 fn = cute.compile(kernel, *null, cutlass.Int32(1), cutlass.Int32(1),
-                                  cutlass.Int32(1), stream)
+                                  cutlass.Int32(1), stream, **extra)
+                if ffi:
+                    # The DSL wraps it for keywords; the positional function under the
+                    # wrapper is the one without per-call Python work.
+                    fn = getattr(fn, "__tvm_ffi_object__", lambda: fn)() or fn
                 _COMPILED[key] = fn
     return fn
 
 
+# TVM FFI: the DSL's optional calling convention (``apache-tvm-ffi``), where a call hands
+# Python ints straight to the compiled host function. The DSL's own call converts each argument
+# in Python first: ~150 us per routed conv under cProfile in s50's H100 profile of ComfyUI
+# 0.33's Wan 2.1 x33, where the route added ~18 ms of host time per decoder call and the GPU
+# waited for the host at 57 of 239 module calls (23 without the route). Not yet measured on a
+# GPU: off unless a caller asks (``padded_grid_conv(ffi=True)``).
+_FFI_ERROR: str | None = None
+_FFI_CHECKED = False
+
+
+def tvm_ffi_reason() -> str | None:
+    """None where ``apache-tvm-ffi`` imports (checked once); otherwise why not."""
+    global _FFI_ERROR, _FFI_CHECKED
+    if not _FFI_CHECKED:
+        with _DSL_LOCK:
+            if not _FFI_CHECKED:
+                try:
+                    import tvm_ffi  # noqa: F401
+                except Exception as exc:  # ImportError, or a broken install raising anything
+                    _FFI_ERROR = f"no TVM FFI ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+                _FFI_CHECKED = True
+    return _FFI_ERROR
+
+
 def prepare_in_background(device: torch.device, variants=((False, False),),
-                          taps: tuple[int, ...] = (1, 3)) -> bool:
+                          taps: tuple[int, ...] = (1, 3), ffi: bool = False) -> bool:
     """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel of ``taps``
     temporal taps (1: the KL convs, 3: Wan's) in each of ``variants``, (bias, residual) pairs
-    (the Wan route's: bias-free, or bias and residual), on a thread of its own, so the first
-    decode that takes the route waits on neither (~2.3 s of import and 0.3-0.5 s per compile,
-    measured here). Best effort; True if started."""
+    (the Wan route's: bias-free, or bias and residual), for TVM FFI calls with ``ffi`` (where it
+    is installed), on a thread of its own, so the first decode that takes the route waits on
+    neither (~2.3 s of import and 0.3-0.5 s per compile, measured here). Best effort; True if
+    started."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return False
     try:
@@ -308,7 +341,8 @@ def prepare_in_background(device: torch.device, variants=((False, False),),
                     if kt not in taps:
                         continue
                     for has_bias, has_residual in variants:
-                        _compiled(cin, cout, kt, has_bias, has_residual, _cuda.CUstream(0))
+                        _compiled(cin, cout, kt, has_bias, has_residual, _cuda.CUstream(0),
+                                  ffi=ffi and tvm_ffi_reason() is None)
         except Exception:  # the first call compiles (or declines) instead
             pass
 
@@ -322,13 +356,15 @@ def _ptr(dtype, address: int):
 
 def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
                      bias: torch.Tensor | None = None,
-                     residual: torch.Tensor | None = None) -> torch.Tensor | None:
+                     residual: torch.Tensor | None = None,
+                     ffi: bool = False) -> torch.Tensor | None:
     """The conv of the padded grid ``padded`` (see the module docstring; its storage must
     extend ``slack_rows(W)`` pixel rows past it, as ``empty_padded`` allocates) with the weight
     ``packed`` by ``pack_padded_grid_weight``, ``+ bias`` (fp32) rounded once to bf16, then
     ``+ residual`` (a dense channels-last-3d bf16 tensor of the output's shape, a residual
     block's input) rounded again: a new channels-last-3d (1, Cout, T_in - KT + 1, H, W)
-    tensor, or None when unsupported (``padded_grid_conv_unsupported`` says why)."""
+    tensor, or None when unsupported (``padded_grid_conv_unsupported`` says why). ``ffi``: the
+    launch goes through TVM FFI where it is installed (``tvm_ffi_reason``), else as without."""
     if padded_grid_conv_unsupported(padded, packed, bias, residual) is not None:
         return None
     cout, kt, _, _, cin = packed.shape
@@ -337,7 +373,17 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
     out = torch.empty((1, cout, t_out, h, w), dtype=padded.dtype, device=padded.device,
                       memory_format=torch.channels_last_3d)
     with on_device(padded.device):
-        stream = _stream(torch.cuda.current_stream().cuda_stream)
+        handle = torch.cuda.current_stream().cuda_stream
+        if ffi and tvm_ffi_reason() is None:
+            # Absent operands get the weight's address, as below.
+            fn = _compiled(cin, cout, kt, bias is not None, residual is not None,
+                           _stream(handle), ffi=True)
+            w_ptr = packed.data_ptr()
+            fn(padded.data_ptr(), w_ptr, bias.data_ptr() if bias is not None else w_ptr,
+               out.data_ptr(), residual.data_ptr() if residual is not None else w_ptr,
+               t_out, h, w, handle)
+            return out
+        stream = _stream(handle)
         fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream)
         # Absent operands get the weight's address as a placeholder; the kernel never reads it.
         fn(_ptr(cutlass.BFloat16, padded.data_ptr()), _ptr(cutlass.BFloat16, packed.data_ptr()),

@@ -293,6 +293,14 @@ def test_high_with_stacked_taps_convs_close_to_lossless(models, kind, shape, mon
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
+def _gemm_twin(padded, packed, bias=None, residual=None, ffi=False):
+    """The kernel's stand-in on the CPU: its GEMM twin (the calling convention, ``ffi``, has no
+    effect on what it computes)."""
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
+
+
 def _forced_padded_grid_route(conv, x, prev):
     """The padded-grid route on the CPU: every batch-1 3x3x3 conv but a lone first frame's."""
     n_prev = prev.shape[2] if isinstance(prev, torch.Tensor) else 0
@@ -308,10 +316,9 @@ def test_high_with_padded_grid_convs_close_to_lossless(models, kind, shape, monk
     but a lone first frame's reads a zero-padded grid that its norm wrote, with the cached and
     zero frames copied in; the next caches come from the grid's interior. Off, the same decode
     takes the other routes."""
-    from fast_vae_decode.kernels import padded_grid_conv as pgc
 
     monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
-    monkeypatch.setattr(wan_ops, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", _gemm_twin)
     results, counts, expected = _high_per_setting(models, kind, shape, monkeypatch,
                                                   "padded_grid_conv", "padded_grid_parts")
     assert counts[False] == 0 and counts[True] > 0
@@ -326,10 +333,9 @@ def test_padded_grid_fill_assembles_the_grid_torch_assembled(models, kind, shape
     ``padded_grid_fill`` writes each grid's border, zero frames and cached frames in one pass:
     the decode is bit for bit the one torch's fills and copy assembled, and every routed conv
     took the pass."""
-    from fast_vae_decode.kernels import padded_grid_conv as pgc
 
     monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
-    monkeypatch.setattr(wan_ops, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", _gemm_twin)
     monkeypatch.setattr(wan_ops.settings, "padded_grid_conv", True)
     grids = []
     real = wan_ops.padded_causal_input
@@ -354,7 +360,7 @@ def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, sh
 
     finished = []
 
-    def twin(padded, packed, bias=None, residual=None):
+    def twin(padded, packed, bias=None, residual=None, ffi=False):
         finished.append(residual is not None and bias is not None and bias.dtype == torch.float32)
         return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
 
@@ -366,6 +372,27 @@ def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, sh
     assert counts[False] == 0 and any(finished) and not all(finished)
     torch.testing.assert_close(results[True], results[False], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_padded_grid_tvm_ffi_setting_reaches_every_routed_conv(models, monkeypatch):
+    """``padded_grid_tvm_ffi`` is how each routed conv asks the kernel to launch (TVM FFI or
+    the DSL's own call): every call on the route (forced on the CPU, the GEMM twin standing in)
+    carries the setting, and the decode is bit for bit the same either way."""
+    asked = []
+
+    def twin(padded, packed, bias=None, residual=None, ffi=False):
+        asked.append(ffi)
+        return _gemm_twin(padded, packed, bias, residual)
+
+    monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", twin)
+    monkeypatch.setattr(wan_ops.settings, "padded_grid_conv", True)
+    kind, shape = CASES[1]
+    results, counts, _ = _high_per_setting(models, kind, shape, monkeypatch,
+                                           "padded_grid_tvm_ffi", "padded_grid_parts")
+    assert counts[False] == counts[True] > 0
+    assert asked == [False] * counts[False] + [True] * counts[True]
+    assert torch.equal(results[True], results[False])
 
 
 def test_padded_grid_route_needs_the_gpu_kernel_and_a_measured_shape():

@@ -155,3 +155,53 @@ def test_declines_sizes_past_its_32_bit_offsets():
 def test_background_preparation_only_for_a_hopper_device():
     assert pgc.prepare_in_background(torch.device("cpu")) is False
     assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None
+
+
+class _FakeDSL:
+    """What ``_compiled`` needs of the DSL, recording each compile's keywords; a TVM FFI
+    compile returns a keyword wrapper around a positional function, as the DSL's does."""
+
+    BFloat16 = Float32 = "type"
+
+    def __init__(self):
+        self.compiles = []
+
+    @staticmethod
+    def Int32(v):
+        return v
+
+    def compile(self, kernel, *args, **kwargs):
+        self.compiles.append(kwargs)
+        positional = ("positional", len(self.compiles))
+        if kwargs.get("options") == "--enable-tvm-ffi":
+            return type("Wrapper", (), {"__tvm_ffi_object__": lambda self: positional})()
+        return ("executor", len(self.compiles))
+
+
+def test_a_tvm_ffi_compile_is_a_kernel_of_its_own(monkeypatch):
+    """``ffi`` compiles the same kernel with the DSL's TVM FFI option, kept apart from the
+    DSL-call compile, and keeps the positional function under the DSL's keyword wrapper (the
+    one whose calls do no Python work per argument). No GPU: the DSL is stood in for."""
+    dsl = _FakeDSL()
+    monkeypatch.setattr(pgc, "cute", dsl)
+    monkeypatch.setattr(pgc, "cutlass", dsl)
+    monkeypatch.setattr(pgc, "_KERNEL_CLASS", lambda *a: "kernel")
+    monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
+    monkeypatch.setattr(pgc, "_COMPILED", {})
+    plain = pgc._compiled(96, 96, 3, False, False, "stream")
+    ffi = pgc._compiled(96, 96, 3, False, False, "stream", ffi=True)
+    assert plain == ("executor", 1) and ffi == ("positional", 2)
+    assert dsl.compiles == [{}, {"options": "--enable-tvm-ffi"}]
+    assert pgc._compiled(96, 96, 3, False, False, "stream", ffi=True) is ffi  # kept
+    assert len(dsl.compiles) == 2
+
+
+def test_tvm_ffi_reason_says_why_without_the_package(monkeypatch):
+    """Without ``apache-tvm-ffi`` (CI's case) the reason names it; ``padded_grid_conv`` takes
+    its ``ffi`` branch only where this is None."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tvm_ffi", None)  # its import then raises
+    monkeypatch.setattr(pgc, "_FFI_CHECKED", False)
+    monkeypatch.setattr(pgc, "_FFI_ERROR", None)
+    assert pgc.tvm_ffi_reason().startswith("no TVM FFI (ModuleNotFoundError")

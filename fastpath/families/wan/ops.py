@@ -607,7 +607,7 @@ def padded_grid_parts(conv, padded: torch.Tensor,
     bias = None if source is None else cached(
         conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
         keep=is_stable(conv))
-    y = padded_grid_conv(padded, packed, bias, residual)
+    y = padded_grid_conv(padded, packed, bias, residual, ffi=settings.padded_grid_tvm_ffi)
     return None if y is None else [y]
 
 
