@@ -154,12 +154,13 @@ def empty_padded(x_shape: tuple[int, ...], dtype: torch.dtype, device: torch.dev
     h2, w2 = h + 2, w + 2
     storage = torch.empty(((t * h2 + 3) * w2) * c, dtype=dtype, device=device)
     # The slack rows stay unwritten: only dropped windows read them, and a GEMM row's sum
-    # never mixes with another's.
-    grid = storage[:t * h2 * w2 * c].view(t, h2, w2, c)
-    padded = grid.permute(3, 0, 1, 2).unsqueeze(0)  # (1, C, T, H2, W2), channels-last-3d
+    # never mixes with another's. Both views in one call each: every tensor view op costs
+    # microseconds of host time, and each routed conv of a decode makes a grid.
+    strides = (c, 1, h2 * w2 * c, w2 * c, c)  # (1, C, T, H2, W2), channels-last-3d
+    padded = storage.as_strided((1, c, t, h2, w2), strides)
     if bordered:
         zero_border(padded)
-    return padded, padded[:, :, :, 1:-1, 1:-1]
+    return padded, storage.as_strided((1, c, t, h, w), strides, (w2 + 1) * c)
 
 
 def zero_border(padded: torch.Tensor) -> None:
