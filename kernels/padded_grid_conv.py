@@ -319,6 +319,20 @@ def tvm_ffi_reason() -> str | None:
     return _FFI_ERROR
 
 
+def _ffi_compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool,
+                  handle: int):
+    """The TVM FFI compile, or None where TVM FFI is missing or its compile failed; a failure
+    is kept as ``tvm_ffi_reason``'s answer, so later calls take the DSL's own call at once."""
+    global _FFI_ERROR
+    if tvm_ffi_reason() is not None:
+        return None
+    try:
+        return _compiled(cin, cout, kt, has_bias, has_residual, _stream(handle), ffi=True)
+    except Exception as exc:  # an optional path: the DSL's own call still runs the kernel
+        _FFI_ERROR = f"TVM FFI compile failed ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+        return None
+
+
 def prepare_in_background(device: torch.device, variants=((False, False),),
                           taps: tuple[int, ...] = (1, 3), ffi: bool = False) -> bool:
     """On a Hopper ``device``: import the DSL and compile every ``TILINGS`` kernel of ``taps``
@@ -375,10 +389,10 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
                       memory_format=torch.channels_last_3d)
     with on_device(padded.device):
         handle = torch.cuda.current_stream().cuda_stream
-        if ffi and tvm_ffi_reason() is None:
+        fn = _ffi_compiled(cin, cout, kt, bias is not None, residual is not None,
+                           handle) if ffi else None
+        if fn is not None:
             # Absent operands get the weight's address, as below.
-            fn = _compiled(cin, cout, kt, bias is not None, residual is not None,
-                           _stream(handle), ffi=True)
             w_ptr = packed.data_ptr()
             fn(padded.data_ptr(), w_ptr, bias.data_ptr() if bias is not None else w_ptr,
                out.data_ptr(), residual.data_ptr() if residual is not None else w_ptr,

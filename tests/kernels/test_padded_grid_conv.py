@@ -205,3 +205,30 @@ def test_tvm_ffi_reason_says_why_without_the_package(monkeypatch):
     monkeypatch.setattr(pgc, "_FFI_CHECKED", False)
     monkeypatch.setattr(pgc, "_FFI_ERROR", None)
     assert pgc.tvm_ffi_reason().startswith("no TVM FFI (ModuleNotFoundError")
+
+
+def test_a_failed_tvm_ffi_compile_leaves_the_dsl_call(monkeypatch):
+    """An optional path fails closed: where the TVM FFI compile raises, ``_ffi_compiled`` gives
+    None (the conv takes the DSL's own call), and the reason is kept, so later convs do not
+    compile again."""
+    dsl = _FakeDSL()
+
+    def compile_or_raise(kernel, *args, **kwargs):
+        if kwargs:
+            raise RuntimeError("no TVM FFI lowering")
+        return _FakeDSL.compile(dsl, kernel, *args, **kwargs)
+
+    monkeypatch.setattr(dsl, "compile", compile_or_raise)
+    monkeypatch.setattr(pgc, "cute", dsl)
+    monkeypatch.setattr(pgc, "cutlass", dsl)
+    monkeypatch.setattr(pgc, "_KERNEL_CLASS", lambda *a: "kernel")
+    monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
+    monkeypatch.setattr(pgc, "_cuda", type("Driver", (), {"CUstream": staticmethod(str)}))
+    monkeypatch.setattr(pgc, "_COMPILED", {})
+    monkeypatch.setattr(pgc, "_STREAMS", {})
+    monkeypatch.setattr(pgc, "_FFI_CHECKED", True)
+    monkeypatch.setattr(pgc, "_FFI_ERROR", None)
+    assert pgc._ffi_compiled(96, 96, 3, False, False, 7) is None
+    assert pgc.tvm_ffi_reason().startswith("TVM FFI compile failed (RuntimeError")
+    assert pgc._ffi_compiled(96, 96, 3, False, False, 7) is None
+    assert pgc._compiled(96, 96, 3, False, False, "7") == ("executor", 1)
