@@ -9,17 +9,7 @@ import pytest
 import torch
 
 from fast_vae_decode.kernels.accepts import pixels_dense
-
-
-def _stride_walk(x: torch.Tensor) -> bool:
-    # The definition: within a sample, channels contiguous, then W, H(, T) dense; size-1 dims
-    # carry no layout.
-    expected = 1
-    for dim in [1] + list(range(x.dim() - 1, 1, -1)):
-        if x.shape[dim] != 1 and x.stride(dim) != expected:
-            return False
-        expected *= x.shape[dim]
-    return True
+from fast_vae_decode.kernels.accepts import pixels_dense_by_strides as _stride_walk
 
 
 def _views():
