@@ -323,14 +323,20 @@ def _ffi_compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bo
                   handle: int):
     """The TVM FFI compile, or None where TVM FFI is missing or its compile failed; a failure
     is kept as ``tvm_ffi_reason``'s answer, so later calls take the DSL's own call at once."""
-    global _FFI_ERROR
     if tvm_ffi_reason() is not None:
         return None
     try:
         return _compiled(cin, cout, kt, has_bias, has_residual, _stream(handle), ffi=True)
     except Exception as exc:  # an optional path: the DSL's own call still runs the kernel
-        _FFI_ERROR = f"TVM FFI compile failed ({type(exc).__name__}: {exc})".splitlines()[0][:160]
+        _ffi_failed("compile", exc)
         return None
+
+
+def _ffi_failed(step: str, exc: Exception) -> None:
+    """Keep why TVM FFI failed as ``tvm_ffi_reason``'s answer: every later conv then takes the
+    DSL's own call without trying again."""
+    global _FFI_ERROR
+    _FFI_ERROR = f"TVM FFI {step} failed ({type(exc).__name__}: {exc})".splitlines()[0][:160]
 
 
 def prepare_in_background(device: torch.device, variants=((False, False),),
@@ -394,10 +400,13 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
         if fn is not None:
             # Absent operands get the weight's address, as below.
             w_ptr = packed.data_ptr()
-            fn(padded.data_ptr(), w_ptr, bias.data_ptr() if bias is not None else w_ptr,
-               out.data_ptr(), residual.data_ptr() if residual is not None else w_ptr,
-               t_out, h, w, handle)
-            return out
+            try:
+                fn(padded.data_ptr(), w_ptr, bias.data_ptr() if bias is not None else w_ptr,
+                   out.data_ptr(), residual.data_ptr() if residual is not None else w_ptr,
+                   t_out, h, w, handle)
+                return out
+            except Exception as exc:  # e.g. an argument form it refuses: the DSL call runs it
+                _ffi_failed("call", exc)
         stream = _stream(handle)
         fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream)
         # Absent operands get the weight's address as a placeholder; the kernel never reads it.

@@ -232,3 +232,46 @@ def test_a_failed_tvm_ffi_compile_leaves_the_dsl_call(monkeypatch):
     assert pgc.tvm_ffi_reason().startswith("TVM FFI compile failed (RuntimeError")
     assert pgc._ffi_compiled(96, 96, 3, False, False, 7) is None
     assert pgc._compiled(96, 96, 3, False, False, "7") == ("executor", 1)
+
+
+def test_a_refused_tvm_ffi_call_runs_the_dsl_call(monkeypatch):
+    """The TVM FFI function refusing its arguments (the form of the stream handle is what a GPU
+    has not yet confirmed) costs that conv nothing: the same call goes through the DSL's
+    executor, and the reason is kept so later convs go there at once. No GPU: the DSL, the
+    checks and the stream are stood in for."""
+    import contextlib
+    import types
+
+    calls = []
+
+    def refusing(*args):
+        calls.append(("ffi", args))
+        raise TypeError("Mismatched type on argument #8")
+
+    def executor(*args):
+        calls.append(("dsl", args))
+
+    dsl = _FakeDSL()
+    monkeypatch.setattr(pgc, "cute", dsl)
+    monkeypatch.setattr(pgc, "cutlass", dsl)
+    monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
+    monkeypatch.setattr(pgc, "_cuda", types.SimpleNamespace(CUstream=str))
+    monkeypatch.setattr(pgc, "_STREAMS", {})
+    monkeypatch.setattr(pgc, "_COMPILED", {})
+    monkeypatch.setattr(pgc, "_compiled", lambda *a, ffi=False: refusing if ffi else executor)
+    monkeypatch.setattr(pgc, "padded_grid_conv_unsupported", lambda *a: None)
+    monkeypatch.setattr(pgc, "on_device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))
+    monkeypatch.setattr(pgc, "_FFI_CHECKED", True)
+    monkeypatch.setattr(pgc, "_FFI_ERROR", None)
+    padded, _ = pgc.empty_padded((1, 96, 3, 2, 2), torch.bfloat16, torch.device("cpu"),
+                                  bordered=False)
+    packed = torch.zeros(96, 3, 3, 3, 96, dtype=torch.bfloat16)
+    out = pgc.padded_grid_conv(padded, packed, ffi=True)
+    assert out.shape == (1, 96, 1, 2, 2)
+    assert [kind for kind, _ in calls] == ["ffi", "dsl"]
+    assert calls[1][1][3] == out.data_ptr() and calls[1][1][-1] == "7"
+    assert pgc.tvm_ffi_reason().startswith("TVM FFI call failed (TypeError")
+    calls.clear()
+    pgc.padded_grid_conv(padded, packed, ffi=True)
+    assert [kind for kind, _ in calls] == ["dsl"]
