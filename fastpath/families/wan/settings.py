@@ -120,12 +120,12 @@ class WanSettings:
     # +5.6% on 0.33's, against -7.4 / -4.6% with the pass. Off: the torch fills and copy.
     padded_grid_fill: bool = True
     # On that route, each conv launched through TVM FFI (the DSL's optional calling convention,
-    # where the optional ``apache-tvm-ffi`` is installed; else as without): the DSL's own call
-    # converts its nine arguments in Python, ~150 us per conv under cProfile in s50's H100
-    # profile of 0.33's Wan 2.1 x33, where the route added ~18 ms of host time per decoder call
-    # and the GPU waited for the host at 57 of 239 module calls (23 with the route off). Off:
-    # not yet measured on a GPU (``docs/benchmark/s50/tvmffi.py.txt`` is the probe).
-    padded_grid_tvm_ffi: bool = False
+    # where the optional ``apache-tvm-ffi`` is installed; else the DSL's own call): nine plain
+    # ints instead of the DSL converting each argument in Python. Same output bits (H100, s51,
+    # ``docs/benchmark/s51/h100/tvmffi.log``), host time per conv 99-108 -> 23-26 us; decodes
+    # interleaved against the DSL's call (4-5 rounds): 0.33 x33 -0.2%, x81 -1.0%; 0.8 x33
+    # -0.8%, x81 -0.7%. A failed compile or a refused call falls back to the DSL's call.
+    padded_grid_tvm_ffi: bool = True
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
