@@ -297,10 +297,9 @@ def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, 
 
 # TVM FFI: the DSL's optional calling convention (``apache-tvm-ffi``), where a call hands
 # Python ints straight to the compiled host function. The DSL's own call converts each argument
-# in Python first: ~150 us per routed conv under cProfile in s50's H100 profile of ComfyUI
-# 0.33's Wan 2.1 x33, where the route added ~18 ms of host time per decoder call and the GPU
-# waited for the host at 57 of 239 module calls (23 without the route). Not yet measured on a
-# GPU: off unless a caller asks (``padded_grid_conv(ffi=True)``).
+# in Python first: 99-108 us per call against 23-26 through TVM FFI, with the same output bits
+# (H100, docs/benchmark/s51). Taken where a caller asks (``padded_grid_conv(ffi=True)``: the Wan
+# route's ``padded_grid_tvm_ffi``, on by default).
 _FFI_ERROR: str | None = None
 _FFI_CHECKED = False
 
