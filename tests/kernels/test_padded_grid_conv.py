@@ -257,7 +257,6 @@ def test_a_refused_tvm_ffi_call_runs_the_dsl_call(monkeypatch):
     monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
     monkeypatch.setattr(pgc, "_cuda", types.SimpleNamespace(CUstream=str))
     monkeypatch.setattr(pgc, "_STREAMS", {})
-    monkeypatch.setattr(pgc, "_COMPILED", {})
     monkeypatch.setattr(pgc, "_compiled", lambda *a, ffi=False: refusing if ffi else executor)
     monkeypatch.setattr(pgc, "padded_grid_conv_unsupported", lambda *a: None)
     monkeypatch.setattr(pgc, "on_device", lambda device: contextlib.nullcontext())
