@@ -262,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default %(default)s; 0: default tiling only, heads apart)")
     convs.add_argument("--kinds", default=None,
                        help="time only these kinds, comma-separated (e.g. head,conv_in)")
+    convs.add_argument("--ops", default=None,
+                       help="time only these of the pack's ops, comma-separated (implicit_gemm_conv, "
+                            "narrow_conv, winograd_conv, padded_grid_conv)")
     convs.add_argument("--json", dest="json_path", default=None, help="write results here")
     convs.add_argument("--cudnn-graph", action="store_true",
                        help="also time cuDNN's graph API on the 2-D convs: the conv with its "
@@ -510,8 +513,9 @@ def _convs(args) -> int:
     else:
         _fresh_triton_cache()
         kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+        ops = tuple(o.strip() for o in args.ops.split(",")) if args.ops else None
         results = convs.time_convs(shapes, repeats=args.repeats, sweep=args.sweep, kinds=kinds,
-                                   log=lambda line: print(line, flush=True))
+                                   ops=ops, log=lambda line: print(line, flush=True))
     print(convs.convs_markdown(results), flush=True)
     if args.cudnn_graph:
         from . import cudnn_graph

@@ -439,13 +439,28 @@ def winograd_supported(shape: ConvShape) -> bool:
             and tuple(shape.padding) == (1, 1))
 
 
+def padded_grid_key(shape: ConvShape) -> tuple[int, int, int] | None:
+    """``padded_grid_conv``'s (channels in, out, temporal taps) for this shape, or None where it
+    does not compute it: a batch-1 3x3x3 conv with padding (0, 1, 1), or a 2-D 3x3 conv with
+    padding 1 (its batch's images the grid's frames, as the KL route runs them), of a measured
+    tiling."""
+    from ..kernels.padded_grid_conv import TILINGS
+
+    if tuple(shape.kernel) == (3, 3, 3) and tuple(shape.padding) == (0, 1, 1) and shape.input[0] == 1:
+        key = (shape.input[1], shape.cout, 3)
+    elif shape.route == "conv2d" and tuple(shape.kernel) == (3, 3) and tuple(shape.padding) == (1, 1):
+        key = (shape.input[1], shape.cout, 1)
+    else:
+        return None
+    return key if key in TILINGS else None
+
+
 def padded_grid_supported(shape: ConvShape) -> bool:
     """``padded_grid_conv`` computes this shape where the optional CUTLASS DSL runs on this
-    machine's GPU: a batch-1 3x3x3 conv with padding (0, 1, 1) and a measured tiling."""
+    machine's GPU (``padded_grid_key``)."""
     from ..kernels import padded_grid_conv as pgc
 
-    if (tuple(shape.kernel) != (3, 3, 3) or tuple(shape.padding) != (0, 1, 1)
-            or shape.input[0] != 1 or (shape.input[1], shape.cout, 3) not in pgc.TILINGS):
+    if padded_grid_key(shape) is None:
         return False
     return torch.cuda.is_available() and pgc.dsl_unavailable_reason(torch.device("cuda")) is None
 
@@ -481,10 +496,17 @@ def variants(shape: ConvShape, sweep: bool) -> list[Variant]:
         launches = [wc.LAUNCHES] + (list(wc.SWEEP_LAUNCHES) if sweep else [])
         out += [Variant("winograd_conv", c) for c in dict.fromkeys(launches)]
     if padded_grid_supported(shape):
-        from ..kernels.padded_grid_conv import TILINGS
+        from ..kernels.padded_grid_conv import SWEEP_TILINGS, TILINGS
 
-        out.append(Variant("padded_grid_conv", TILINGS[(shape.input[1], shape.cout, 3)]))
+        key = padded_grid_key(shape)
+        tilings = [TILINGS[key]] + (list(SWEEP_TILINGS.get(key, ())) if sweep else [])
+        out += [Variant("padded_grid_conv", t) for t in tilings]
     return out
+
+
+def chosen_variants(shape: ConvShape, sweep: bool, ops: tuple[str, ...] | None) -> list[Variant]:
+    """``variants`` of the pack's ``ops`` only (all where None)."""
+    return [v for v in variants(shape, sweep) if ops is None or v.op in ops]
 
 
 def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dict):
@@ -502,10 +524,12 @@ def variant_call(variant: Variant, shape: ConvShape, x, weight, bias, packs: dic
         from ..kernels import padded_grid_conv as pgc
 
         if "grid" not in packs:  # the grid is filled once, outside the timed call
-            padded, interior = pgc.empty_padded(tuple(x.shape), x.dtype, x.device)
-            interior.copy_(x)
+            frames = x.dim() == 4  # a 2-D conv's batch: the grid's frames
+            grid_x = x.transpose(0, 1).unsqueeze(0) if frames else x
+            padded, interior = pgc.empty_padded(tuple(grid_x.shape), x.dtype, x.device)
+            interior.copy_(grid_x)
             packs["grid"] = (padded, pgc.pack_padded_grid_weight(weight), bias.float())
-        return functools.partial(pgc.padded_grid_conv, *packs["grid"])
+        return functools.partial(pgc.padded_grid_conv, *packs["grid"], tiling=variant.config)
     if variant.op == "narrow_conv":
         if "narrow" not in packs:
             packs["narrow"] = pack_narrow_conv_weight(weight)
@@ -541,10 +565,11 @@ def heaviest(shapes: list[tuple[ConvShape, dict[str, int]]], count: int) -> set[
 
 def time_convs(shapes: list[tuple[ConvShape, dict[str, int]]], *, repeats: int = 5,
                warmup: int = 2, sweep: int = 16, kinds: tuple[str, ...] | None = None,
-               log=print, device: str = "cuda") -> list[ConvResult]:
-    """Times every shape (of ``kinds``, if given) on cuDNN and on the Triton ``variants``: each
-    op's default tiling, and for the ``sweep`` heaviest shapes and every head the other
-    tilings too; all variants compile in parallel first."""
+               ops: tuple[str, ...] | None = None, log=print,
+               device: str = "cuda") -> list[ConvResult]:
+    """Times every shape (of ``kinds``, if given) on cuDNN and on the pack's ``variants`` (of
+    ``ops``, if given): each op's default tiling, and for the ``sweep`` heaviest shapes and
+    every head the other tilings too; all variants compile in parallel first."""
     device, dtype = torch.device(device), torch.bfloat16
     swept = heaviest(shapes, sweep)
     results, jobs = [], []
@@ -553,7 +578,7 @@ def time_convs(shapes: list[tuple[ConvShape, dict[str, int]]], *, repeats: int =
             continue
         result = ConvResult(shape, calls)
         results.append(result)
-        chosen = variants(shape, shape in swept or shape.kind == "head")
+        chosen = chosen_variants(shape, shape in swept or shape.kind == "head", ops)
         if not chosen:
             result.note = "no Triton route yet"
         jobs.append((result, chosen))

@@ -82,15 +82,52 @@ def slack_rows(w: int) -> int:
 @dataclass(frozen=True)
 class Tiling:
     """One CTA's tile: ``block_m`` grid rows x ``block_n`` outputs x ``block_k`` reduction,
-    ``warpgroups`` MMA warpgroups splitting its rows."""
+    ``warpgroups`` MMA warpgroups splitting its rows, ``ctas_per_sm`` CTAs an SM runs at once
+    (each one's ring then takes its share of the SM's shared memory: ``ring_plan``)."""
 
     block_m: int
     block_n: int
     block_k: int
     warpgroups: int
+    ctas_per_sm: int = 1
 
     def __str__(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k}/wg{self.warpgroups}"
+        text = f"{self.block_m}x{self.block_n}x{self.block_k}/wg{self.warpgroups}"
+        return text if self.ctas_per_sm == 1 else f"{text}/{self.ctas_per_sm}per-SM"
+
+
+SM_SMEM_BYTES = 228 * 1024  # sm_90's shared memory per SM; a CTA may take SMEM_BYTES of it
+CTA_RESERVED_BYTES = 1024  # the share of it the hardware keeps per resident CTA
+# Each compiled kernel's static shared memory (its sm_90a cubins, s52), and the ring's barriers
+# with the alignment the A ring starts at: both beside the ring in every CTA.
+STATIC_SMEM_BYTES = 1024
+BARRIER_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class RingPlan:
+    """How a tiling uses shared memory: ``stages`` k-tiles of A and B in flight, and the output
+    tile staged for the epilogue in the A ring (free once the last WGMMA has read it),
+    ``staged_row`` elements per row."""
+
+    stages: int
+    staged_row: int
+
+
+def ring_plan(tiling: Tiling) -> RingPlan | None:
+    """The shared-memory plan of ``tiling``, or None where it cannot have one (fewer than two
+    stages fit its CTA's share, or the staged output tile does not fit the A ring)."""
+    bm, bn, bk = tiling.block_m, tiling.block_n, tiling.block_k
+    share = min(SMEM_BYTES, SM_SMEM_BYTES // tiling.ctas_per_sm - CTA_RESERVED_BYTES)
+    stages = min(8, (share - STATIC_SMEM_BYTES - BARRIER_BYTES) // ((bm + bn) * bk * 2))
+    if stages < 2:
+        return None
+    ring_a = stages * bm * bk  # elements
+    # Rows padded by 16 bytes against bank conflicts where that fits (256x192 fills it exactly).
+    staged_row = bn + (8 if bm * (bn + 8) <= ring_a else 0)
+    if bm * staged_row > ring_a:
+        return None
+    return RingPlan(stages, staged_row)
 
 
 # (channels in, out, temporal taps) -> tiling: the shapes the kernel takes, each the fastest
@@ -111,6 +148,24 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
     (256, 256, 1): Tiling(128, 256, 64, 2),  # 512²: 1.27x (SD1.5 b4 384x256: 1.27x)
     (512, 256, 1): Tiling(128, 256, 64, 2),  # 512², the stage's first conv: 1.16x
     (512, 512, 1): Tiling(128, 256, 64, 2),  # 256²: 1.17x; 128²: 0.85x (kl.settings's floor)
+}
+
+# Candidates the per-conv benchmark's sweep times beside each shape's tiling (``bench convs
+# --sweep``; not measured yet). Every tiling above fills its SM with one CTA's ring, so each
+# tile's ring fill and epilogue (staging, the stores, the residual's loads) leave the tensor
+# cores idle; with two CTAs per SM one CTA's epilogue runs beside the other's main loop, for
+# half the ring each. Tiles whose accumulators stay at 64 fp32 registers a thread or fewer, so
+# that two CTAs' 512 threads fit the register file.
+SWEEP_TILINGS: dict[tuple[int, int, int], tuple[Tiling, ...]] = {
+    (96, 96, 3): (Tiling(128, 96, 96, 2, 2), Tiling(128, 96, 32, 2, 2)),
+    (192, 192, 3): (Tiling(128, 96, 64, 2, 2),),
+    (192, 384, 3): (Tiling(128, 128, 64, 2, 2),),
+    (384, 384, 3): (Tiling(128, 128, 64, 2, 2),),
+    (128, 128, 1): (Tiling(128, 128, 64, 2, 2),),
+    (256, 128, 1): (Tiling(128, 128, 64, 2, 2),),
+    (256, 256, 1): (Tiling(128, 128, 64, 2, 2),),
+    (512, 256, 1): (Tiling(128, 128, 64, 2, 2),),
+    (512, 512, 1): (Tiling(128, 128, 64, 2, 2),),
 }
 
 
@@ -223,9 +278,23 @@ def padded_grid_gemm_reference(padded: torch.Tensor, packed: torch.Tensor,
         memory_format=torch.channels_last_3d), residual)
 
 
+def tiling_reason(tiling: Tiling, cin: int, cout: int) -> str | None:
+    """Why the kernel cannot run ``tiling`` for ``cin`` -> ``cout`` channels; None if it can."""
+    if cin % tiling.block_k or cout % tiling.block_n or tiling.block_k % 16:
+        return f"tiling {tiling} does not divide {cin} -> {cout} channels"
+    if tiling.block_m % (64 * tiling.warpgroups) or tiling.block_n % 8 or tiling.block_n > 256:
+        return f"tiling {tiling} has no warpgroup MMA shape"
+    if (tiling.block_m * tiling.block_n // 8) % (128 * tiling.warpgroups):
+        return f"tiling {tiling}'s epilogue does not share out over its threads"
+    if ring_plan(tiling) is None:
+        return f"tiling {tiling} does not fit its share of shared memory"
+    return None
+
+
 def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
                                  bias: torch.Tensor | None = None,
-                                 residual: torch.Tensor | None = None) -> str | None:
+                                 residual: torch.Tensor | None = None,
+                                 tiling: Tiling | None = None) -> str | None:
     """Why ``padded_grid_conv`` cannot take these tensors (short, for the log); None if it can.
     The tensors' own checks come first, so the (slow, optional) DSL import is tried last."""
     if padded.dim() != 5 or padded.shape[0] != 1:
@@ -241,6 +310,8 @@ def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
         return f"weight takes {cin} channels, input has {padded.shape[1]}"
     if (cin, cout, kt) not in TILINGS:
         return f"{cin} -> {cout} channels, {kt} temporal taps: no measured tiling"
+    if tiling is not None and tiling_reason(tiling, cin, cout) is not None:
+        return tiling_reason(tiling, cin, cout)
     _, _, t_in, h2, w2 = padded.shape
     if t_in < kt or h2 < 3 or w2 < 3:
         return "input smaller than the kernel"
@@ -270,17 +341,18 @@ _COMPILE_LOCK = threading.Lock()
 
 
 def _compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool, stream,
-              ffi: bool = False):
-    """The compiled kernel; ``ffi``: compiled for TVM FFI calls (``tvm_ffi_reason``), as the
-    positional ``tvm_ffi.Function`` that takes every argument as a Python int."""
-    key = (cin, cout, kt, has_bias, has_residual, ffi)
+              ffi: bool = False, tiling: Tiling | None = None):
+    """The compiled kernel, at ``tiling`` (default: the shape's ``TILINGS`` entry); ``ffi``:
+    compiled for TVM FFI calls (``tvm_ffi_reason``), as the positional ``tvm_ffi.Function``
+    that takes every argument as a Python int."""
+    tiling = tiling or TILINGS[(cin, cout, kt)]
+    key = (cin, cout, kt, has_bias, has_residual, ffi, tiling)
     fn = _COMPILED.get(key)
     if fn is None:
         with _COMPILE_LOCK:
             fn = _COMPILED.get(key)
             if fn is None:
-                kernel = _KERNEL_CLASS(cin, cout, kt, TILINGS[(cin, cout, kt)], has_bias,
-                                       has_residual)
+                kernel = _KERNEL_CLASS(cin, cout, kt, tiling, has_bias, has_residual)
                 null = [_ptr(dt, 0) for dt in (cutlass.BFloat16, cutlass.BFloat16,
                                                cutlass.Float32, cutlass.BFloat16,
                                                cutlass.BFloat16)]
@@ -319,13 +391,14 @@ def tvm_ffi_reason() -> str | None:
 
 
 def _ffi_compiled(cin: int, cout: int, kt: int, has_bias: bool, has_residual: bool,
-                  handle: int):
+                  handle: int, tiling: Tiling | None = None):
     """The TVM FFI compile, or None where TVM FFI is missing or its compile failed; a failure
     is kept as ``tvm_ffi_reason``'s answer, so later calls take the DSL's own call at once."""
     if tvm_ffi_reason() is not None:
         return None
     try:
-        return _compiled(cin, cout, kt, has_bias, has_residual, _stream(handle), ffi=True)
+        return _compiled(cin, cout, kt, has_bias, has_residual, _stream(handle), ffi=True,
+                         tiling=tiling)
     except Exception as exc:  # an optional path: the DSL's own call still runs the kernel
         _ffi_failed("compile", exc)
         return None
@@ -377,15 +450,16 @@ def _ptr(dtype, address: int):
 def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
                      bias: torch.Tensor | None = None,
                      residual: torch.Tensor | None = None,
-                     ffi: bool = False) -> torch.Tensor | None:
+                     ffi: bool = False, tiling: Tiling | None = None) -> torch.Tensor | None:
     """The conv of the padded grid ``padded`` (see the module docstring; its storage must
     extend ``slack_rows(W)`` pixel rows past it, as ``empty_padded`` allocates) with the weight
     ``packed`` by ``pack_padded_grid_weight``, ``+ bias`` (fp32) rounded once to bf16, then
     ``+ residual`` (a dense channels-last-3d bf16 tensor of the output's shape, a residual
     block's input) rounded again: a new channels-last-3d (1, Cout, T_in - KT + 1, H, W)
     tensor, or None when unsupported (``padded_grid_conv_unsupported`` says why). ``ffi``: the
-    launch goes through TVM FFI where it is installed (``tvm_ffi_reason``), else as without."""
-    if padded_grid_conv_unsupported(padded, packed, bias, residual) is not None:
+    launch goes through TVM FFI where it is installed (``tvm_ffi_reason``), else as without.
+    ``tiling``: another than the shape's ``TILINGS`` entry (the benchmark's sweep)."""
+    if padded_grid_conv_unsupported(padded, packed, bias, residual, tiling) is not None:
         return None
     cout, kt, _, _, cin = packed.shape
     _, _, t_in, h2, w2 = padded.shape
@@ -395,7 +469,7 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
     with on_device(padded.device):
         handle = torch.cuda.current_stream().cuda_stream
         fn = _ffi_compiled(cin, cout, kt, bias is not None, residual is not None,
-                           handle) if ffi else None
+                           handle, tiling) if ffi else None
         if fn is not None:
             # Absent operands get the weight's address, as below.
             w_ptr = packed.data_ptr()
@@ -407,7 +481,8 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
             except Exception as exc:  # e.g. an argument form it refuses: the DSL call runs it
                 _ffi_failed("call", exc)
         stream = _stream(handle)
-        fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream)
+        fn = _compiled(cin, cout, kt, bias is not None, residual is not None, stream,
+                       tiling=tiling)
         # Absent operands get the weight's address as a placeholder; the kernel never reads it.
         fn(_ptr(cutlass.BFloat16, padded.data_ptr()), _ptr(cutlass.BFloat16, packed.data_ptr()),
            _ptr(cutlass.Float32, bias.data_ptr() if bias is not None else packed.data_ptr()),
@@ -460,15 +535,11 @@ def _define_kernel():
                                                    tiling.block_k, tiling.warpgroups)
             self.k = cin * 9 * kt
             self.k_tiles = self.k // self.bk
-            stage_bytes = (self.bm + self.bn) * self.bk * 2
-            self.stages = max(2, min(8, (SMEM_BYTES - 1024) // stage_bytes))
+            plan = ring_plan(tiling)
+            assert plan is not None and self.bn % 8 == 0
+            self.stages, self.staged_row = plan.stages, plan.staged_row
+            self.ctas_per_sm = tiling.ctas_per_sm
             self.threads = 128 * self.wgs
-            # The epilogue stages the (bm, bn) output tile in the A ring (free once the last
-            # WGMMA has read it), its rows padded by 16 bytes against bank conflicts where
-            # that fits (256x192 fills the ring exactly).
-            ring_a = self.stages * self.bm * self.bk
-            self.staged_row = self.bn + (8 if self.bm * (self.bn + 8) <= ring_a else 0)
-            assert self.bm * self.staged_row <= ring_a and self.bn % 8 == 0
             assert (self.bm * self.bn // 8) % self.threads == 0
 
         @cute.jit
@@ -516,7 +587,16 @@ def _define_kernel():
             # together and read it while it is in L2 (384 outputs are two 192-wide columns).
             grid = (((rows + self.bm - 1) // self.bm) * (self.n // self.bn), 1, 1)
             self.kernel(tma_a, ta, tma_b, tb, out, bias, residual, mma, sa_layout, sb_layout,
-                        rows, h, w).launch(grid=grid, block=[self.threads, 1, 1], stream=stream)
+                        rows, h, w).launch(grid=grid, block=[self.threads, 1, 1], stream=stream,
+                                           **self._occupancy())
+
+        def _occupancy(self) -> dict:
+            """Launch options asking for ``ctas_per_sm`` resident CTAs: the compiler keeps the
+            registers to that many, and the carveout (given, so compiling needs no device
+            query) leaves shared memory its largest share."""
+            if self.ctas_per_sm == 1:
+                return {}
+            return {"min_blocks_per_mp": self.ctas_per_sm, "preferred_smem_carveout": 100}
 
         @cute.kernel
         def kernel(self, tma_a: cute.CopyAtom, ta: cute.Tensor, tma_b: cute.CopyAtom,
@@ -646,6 +726,8 @@ def _define_kernel():
 
 
 __all__ = [
+    "RingPlan",
+    "SWEEP_TILINGS",
     "TILINGS",
     "Tiling",
     "dsl_unavailable_reason",
@@ -657,5 +739,7 @@ __all__ = [
     "padded_grid_gemm_reference",
     "padded_shape",
     "prepare_in_background",
+    "ring_plan",
     "slack_rows",
+    "tiling_reason",
 ]

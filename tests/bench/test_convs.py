@@ -260,7 +260,13 @@ def test_padded_grid_variant_where_the_dsl_runs_and_a_tiling_is_measured(monkeyp
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(pgc, "dsl_unavailable_reason", lambda device=None: None)
-    monkeypatch.setattr(pgc, "padded_grid_conv", pgc.padded_grid_gemm_reference)
+    tilings = []
+
+    def twin(padded, packed, bias=None, residual=None, tiling=None):
+        tilings.append(tiling)
+        return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
+
+    monkeypatch.setattr(pgc, "padded_grid_conv", twin)
     s = convs.ConvShape("causal 3x3x3", "taps", (1, 96, 3, 4, 5), 96, (3, 3, 3), (0, 1, 1))
     chosen = [v for v in convs.variants(s, sweep=False) if v.op == "padded_grid_conv"]
     assert [c.config for c in chosen] == [pgc.TILINGS[(96, 96, 3)]]
@@ -271,3 +277,45 @@ def test_padded_grid_variant_where_the_dsl_runs_and_a_tiling_is_measured(monkeyp
     y = convs.variant_call(chosen[0], s, x, w, b, {})()
     expected = F.conv3d(x.float(), w.float(), b.float(), padding=(0, 1, 1))
     assert (y.float() - expected).abs().max() <= 0.02 * expected.abs().max()
+    assert tilings == [pgc.TILINGS[(96, 96, 3)]]
+
+
+def test_padded_grid_sweep_times_the_candidate_tilings_and_the_kl_convs(monkeypatch):
+    """The sweep adds ``SWEEP_TILINGS``' candidates after the shape's own tiling, each call run
+    at its tiling; a KL decoder's 2-D 3x3 conv of a measured width joins too, its batch's
+    images the grid's frames (as the KL route runs it), and its call is the 2-D conv."""
+    import torch
+    import torch.nn.functional as F
+
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    tilings = []
+
+    def twin(padded, packed, bias=None, residual=None, tiling=None):
+        tilings.append(tiling)
+        return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(pgc, "dsl_unavailable_reason", lambda device=None: None)
+    monkeypatch.setattr(pgc, "padded_grid_conv", twin)
+    wan = convs.ConvShape("causal 3x3x3", "taps", (1, 96, 3, 4, 5), 96, (3, 3, 3), (0, 1, 1))
+    swept = [v.config for v in convs.variants(wan, sweep=True) if v.op == "padded_grid_conv"]
+    assert swept == [pgc.TILINGS[(96, 96, 3)], *pgc.SWEEP_TILINGS[(96, 96, 3)]]
+    kl = convs.ConvShape("3x3", "conv2d", (2, 128, 5, 7), 128, (3, 3), (1, 1))
+    chosen = [v for v in convs.variants(kl, sweep=True) if v.op == "padded_grid_conv"]
+    assert [v.config for v in chosen] == [pgc.TILINGS[(128, 128, 1)],
+                                          *pgc.SWEEP_TILINGS[(128, 128, 1)]]
+    x, w, b = convs._inputs(kl, "cpu", torch.bfloat16)
+    packs = {}
+    y = convs.variant_call(chosen[-1], kl, x, w, b, packs)()
+    expected = F.conv2d(x.float(), w.float(), b.float(), padding=1)
+    got = y[0].transpose(0, 1)  # (1, Cout, N, H, W) -> (N, Cout, H, W)
+    assert got.shape == expected.shape
+    assert (got.float() - expected).abs().max() <= 0.02 * expected.abs().max()
+    assert tilings == [pgc.SWEEP_TILINGS[(128, 128, 1)][0]]
+    only = convs.chosen_variants(kl, True, ("padded_grid_conv",))
+    assert only == chosen and len(convs.variants(kl, sweep=True)) > len(only)
+    # a KL conv outside the measured widths, or not the resnet's padding-1 3x3, stays out
+    for other in (convs.ConvShape("3x3", "conv2d", (2, 64, 5, 7), 64, (3, 3), (1, 1)),
+                  convs.ConvShape("conv_in", "conv2d-nchw", (1, 128, 5, 7), 128, (3, 3), (1, 1))):
+        assert all(v.op != "padded_grid_conv" for v in convs.variants(other, sweep=True))

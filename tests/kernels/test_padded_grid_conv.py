@@ -111,10 +111,70 @@ def test_declines_off_the_gpu_without_importing_the_dsl():
     assert pgc._KERNEL_CLASS is None and pgc._DSL_ERROR is None  # never imported
 
 
+def _every_tiling():
+    yield from pgc.TILINGS.items()
+    yield from ((key, t) for key, tilings in pgc.SWEEP_TILINGS.items() for t in tilings)
+
+
 def test_tilings_divide_their_channels():
-    for (cin, cout, kt), t in pgc.TILINGS.items():
+    for (cin, cout, kt), t in _every_tiling():
         assert cin % t.block_k == 0 and cout % t.block_n == 0 and t.block_k % 16 == 0
         assert t.block_n % 8 == 0 and t.block_n <= 256 and kt in (1, 3)
+        assert pgc.tiling_reason(t, cin, cout) is None
+    assert set(pgc.SWEEP_TILINGS) <= set(pgc.TILINGS)  # candidates for measured shapes only
+
+
+def _cta_bytes(t: pgc.Tiling) -> int:
+    """What one resident CTA of ``t`` holds of its SM's shared memory."""
+    plan = pgc.ring_plan(t)
+    return (plan.stages * (t.block_m + t.block_n) * t.block_k * 2 + pgc.BARRIER_BYTES
+            + pgc.STATIC_SMEM_BYTES + pgc.CTA_RESERVED_BYTES)
+
+
+def test_every_tiling_holds_its_ctas_in_one_sms_shared_memory():
+    """Each tiling's ring, barriers, static shared memory and the hardware's per-CTA share fit
+    ``ctas_per_sm`` times in an SM (a 2-per-SM tiling sized for one would run one CTA at a
+    time, its epilogue exposed again), and one CTA within the 227 KB a CTA may take."""
+    for _, t in _every_tiling():
+        plan = pgc.ring_plan(t)
+        assert plan is not None and plan.stages >= 2
+        assert t.ctas_per_sm * _cta_bytes(t) <= pgc.SM_SMEM_BYTES
+        assert _cta_bytes(t) - pgc.CTA_RESERVED_BYTES <= pgc.SMEM_BYTES
+        assert t.block_m * plan.staged_row <= plan.stages * t.block_m * t.block_k
+
+
+def test_two_ctas_per_sm_halve_the_ring_the_measured_tilings_keep_theirs():
+    """The measured tilings' rings are as deep as before ``ctas_per_sm`` (one CTA: 227 KB less
+    the barriers' KB); the same tile at two per SM gets half the SM's memory."""
+    depth = {(96, 96, 3): 3, (192, 192, 3): 4, (192, 384, 3): 5, (384, 384, 3): 5,
+             (128, 128, 1): 4, (256, 128, 1): 4, (256, 256, 1): 4, (512, 256, 1): 4,
+             (512, 512, 1): 4}
+    assert {key: pgc.ring_plan(t).stages for key, t in pgc.TILINGS.items()} == depth
+    one, two = pgc.Tiling(128, 96, 32, 2), pgc.Tiling(128, 96, 32, 2, 2)
+    assert (pgc.ring_plan(one).stages, pgc.ring_plan(two).stages) == (8, 7)
+    assert str(two) == "128x96x32/wg2/2per-SM" and str(one) == "128x96x32/wg2"
+
+
+def test_tiling_reason_names_what_does_not_fit():
+    assert "divide" in pgc.tiling_reason(pgc.Tiling(128, 128, 64, 2), 96, 96)
+    assert "warpgroup" in pgc.tiling_reason(pgc.Tiling(64, 96, 32, 2), 96, 96)
+    # two 256x192x64 CTAs: not even two stages of 57 KB in half an SM
+    assert "shared memory" in pgc.tiling_reason(pgc.Tiling(256, 192, 64, 2, 2), 192, 192)
+    # seven stages of 32-wide k-tiles fit, but their 112 KB A ring cannot stage a 128 KB tile
+    assert "shared memory" in pgc.tiling_reason(pgc.Tiling(256, 256, 32, 2), 256, 256)
+
+
+def test_declines_a_tiling_that_cannot_run_naming_it():
+    """A caller's tiling (the benchmark's sweep) is checked with the tensors, before the
+    device, so its reason shows on the CPU too."""
+    x, weight, _ = _inputs(96, 96, 3, 2, 4, 4)
+    padded = _padded(x.to(torch.bfloat16))
+    packed = pgc.pack_padded_grid_weight(weight.to(torch.bfloat16))
+    bad = pgc.Tiling(128, 128, 64, 2)
+    assert "does not divide" in pgc.padded_grid_conv_unsupported(padded, packed, tiling=bad)
+    assert pgc.padded_grid_conv(padded, packed, tiling=bad) is None
+    good = pgc.SWEEP_TILINGS[(96, 96, 3)][0]
+    assert pgc.padded_grid_conv_unsupported(padded, packed, tiling=good) == "not a CUDA tensor"
 
 
 def test_declines_what_the_kernel_cannot_read_naming_why():
@@ -196,6 +256,25 @@ def test_a_tvm_ffi_compile_is_a_kernel_of_its_own(monkeypatch):
     assert len(dsl.compiles) == 2
 
 
+def test_each_tiling_is_a_kernel_of_its_own(monkeypatch):
+    """A sweep tiling compiles its own kernel, built at that tiling, kept apart from the
+    shape's default one; no tiling is the shape's ``TILINGS`` entry. No GPU: the DSL is
+    stood in for."""
+    dsl, built = _FakeDSL(), []
+    monkeypatch.setattr(pgc, "cute", dsl)
+    monkeypatch.setattr(pgc, "cutlass", dsl)
+    monkeypatch.setattr(pgc, "_KERNEL_CLASS", lambda *a: built.append(a[3]) or "kernel")
+    monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
+    monkeypatch.setattr(pgc, "_COMPILED", {})
+    other = pgc.SWEEP_TILINGS[(96, 96, 3)][0]
+    default = pgc._compiled(96, 96, 3, True, False, "stream")
+    swept = pgc._compiled(96, 96, 3, True, False, "stream", tiling=other)
+    assert default != swept and built == [pgc.TILINGS[(96, 96, 3)], other]
+    assert pgc._compiled(96, 96, 3, True, False, "stream", tiling=pgc.TILINGS[(96, 96, 3)]) \
+        is default
+    assert len(built) == 2
+
+
 def test_tvm_ffi_reason_says_why_without_the_package(monkeypatch):
     """Without ``apache-tvm-ffi`` (CI's case) the reason names it; ``padded_grid_conv`` takes
     its ``ffi`` branch only where this is None."""
@@ -257,7 +336,8 @@ def test_a_refused_tvm_ffi_call_runs_the_dsl_call(monkeypatch):
     monkeypatch.setattr(pgc, "_ptr", lambda dtype, address: address)
     monkeypatch.setattr(pgc, "_cuda", types.SimpleNamespace(CUstream=str))
     monkeypatch.setattr(pgc, "_STREAMS", {})
-    monkeypatch.setattr(pgc, "_compiled", lambda *a, ffi=False: refusing if ffi else executor)
+    monkeypatch.setattr(pgc, "_compiled",
+                        lambda *a, ffi=False, tiling=None: refusing if ffi else executor)
     monkeypatch.setattr(pgc, "padded_grid_conv_unsupported", lambda *a: None)
     monkeypatch.setattr(pgc, "on_device", lambda device: contextlib.nullcontext())
     monkeypatch.setattr(torch.cuda, "current_stream", lambda: types.SimpleNamespace(cuda_stream=7))

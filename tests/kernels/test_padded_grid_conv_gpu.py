@@ -53,3 +53,26 @@ def test_matches_the_twin(case, epilogue):
     assert y.is_contiguous(memory_format=torch.channels_last_3d)
     # bf16 output: at most a few roundings of values of magnitude ~1-4.
     torch.testing.assert_close(y.float(), expected.float(), rtol=2e-2, atol=2e-2)
+
+
+SWEPT = [(key, t) for key, tilings in pgc.SWEEP_TILINGS.items() for t in tilings]
+
+
+@pytest.mark.parametrize("key,tiling", SWEPT, ids=lambda v: str(v).replace(" ", ""))
+def test_a_sweep_tiling_matches_the_twin(key, tiling):
+    """Every candidate the per-conv benchmark times, at two frames of 67x45 pixels: odd sizes,
+    a last tile partly past the grid, frames straddling tiles; bias, and the residual where
+    the conv keeps its width (the epilogue's every branch at that tiling)."""
+    reason = _skip_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    c, cout, kt = key
+    x, weight, bias = conv_tensors((1, c, 2 + kt - 1, 67, 45), cout, (kt, 3, 3), device="cuda")
+    residual = x[:, :, kt - 1:].contiguous(memory_format=torch.channels_last_3d) if c == cout else None
+    padded, interior = pgc.empty_padded(tuple(x.shape), x.dtype, x.device)
+    interior.copy_(x)
+    packed = pgc.pack_padded_grid_weight(weight)
+    y = pgc.padded_grid_conv(padded, packed, bias.float(), residual, tiling=tiling)
+    expected = pgc.padded_grid_conv_reference(padded, weight, bias.float(), residual)
+    assert y is not None and y.shape == expected.shape
+    torch.testing.assert_close(y.float(), expected.float(), rtol=2e-2, atol=2e-2)
