@@ -169,6 +169,15 @@ SWEEP_TILINGS: dict[tuple[int, int, int], tuple[Tiling, ...]] = {
 }
 
 
+def sweep_tiling(cin: int, cout: int, kt: int, index: int) -> Tiling | None:
+    """``SWEEP_TILINGS``' candidate ``index`` for a shape, for a caller's ``tiling=``; None (the
+    shape's own ``TILINGS`` entry) where ``index`` is negative or the shape has no such one."""
+    if index < 0:
+        return None
+    candidates = SWEEP_TILINGS.get((cin, cout, kt), ())
+    return candidates[index] if index < len(candidates) else None
+
+
 # Per CUDA device index: whether it is an sm_90. Every routed conv asks twice (route, kernel),
 # and torch's capability query resolves the device and reads its properties each time: host
 # time where a Wan decode on ComfyUI 0.33 already leaves the GPU waiting (s50 profile).
@@ -741,5 +750,6 @@ __all__ = [
     "prepare_in_background",
     "ring_plan",
     "slack_rows",
+    "sweep_tiling",
     "tiling_reason",
 ]

@@ -639,10 +639,12 @@ def test_padded_grid_route_runs_every_routed_resnet_conv_on_the_grid(tiny, monke
     widths = {(m.in_channels, m.out_channels, 1) for m in model.decoder.modules()
               if isinstance(m, torch.nn.Conv2d) and tuple(m.kernel_size) == (3, 3)}
     pixels = []  # per routed conv: frames (the batch) x H x W of the grid's interior
+    tilings = []  # per routed conv: the tiling it asked for (None: its measured one)
 
-    def twin(padded, packed, bias=None, residual=None):
+    def twin(padded, packed, bias=None, residual=None, tiling=None):
         _, _, t, h2, w2 = padded.shape
         pixels.append(t * (h2 - 2) * (w2 - 2))
+        tilings.append(tiling)
         return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
 
     monkeypatch.setattr(kl_ops, "_PADDED_GRID_SHAPES", widths)
@@ -662,3 +664,12 @@ def test_padded_grid_route_runs_every_routed_resnet_conv_on_the_grid(tiny, monke
     again, _ = _decode(model, z, is_open=True)
     assert 0 < len(pixels) < resnet_convs and min(pixels) >= floor
     assert _rel_err(again, expected) < REL_TOL
+    # ``padded_grid_candidate`` asks each routed conv for its shape's candidate tiling
+    assert tilings and set(tilings) == {None}
+    candidate = pgc.Tiling(128, 8, 16, 1, 2)
+    monkeypatch.setattr(pgc, "SWEEP_TILINGS", {w: (candidate,) for w in widths})
+    monkeypatch.setattr(kl_settings.settings, "padded_grid_candidate", 0)
+    tilings.clear()
+    swept, _ = _decode(model, z, is_open=True)
+    assert tilings and set(tilings) == {candidate}
+    assert torch.equal(swept, again)  # the twin computes the same whatever the tiling

@@ -293,7 +293,7 @@ def test_high_with_stacked_taps_convs_close_to_lossless(models, kind, shape, mon
     torch.testing.assert_close(results[True], expected, rtol=1e-4, atol=1e-4)
 
 
-def _gemm_twin(padded, packed, bias=None, residual=None, ffi=False):
+def _gemm_twin(padded, packed, bias=None, residual=None, ffi=False, tiling=None):
     """The kernel's stand-in on the CPU: its GEMM twin (the calling convention, ``ffi``, has no
     effect on what it computes)."""
     from fast_vae_decode.kernels import padded_grid_conv as pgc
@@ -360,7 +360,7 @@ def test_padded_grid_residual_epilogue_writes_the_blocks_output(models, kind, sh
 
     finished = []
 
-    def twin(padded, packed, bias=None, residual=None, ffi=False):
+    def twin(padded, packed, bias=None, residual=None, ffi=False, tiling=None):
         finished.append(residual is not None and bias is not None and bias.dtype == torch.float32)
         return pgc.padded_grid_gemm_reference(padded, packed, bias, residual)
 
@@ -380,7 +380,7 @@ def test_padded_grid_tvm_ffi_setting_reaches_every_routed_conv(models, monkeypat
     carries the setting, and the decode is bit for bit the same either way."""
     asked = []
 
-    def twin(padded, packed, bias=None, residual=None, ffi=False):
+    def twin(padded, packed, bias=None, residual=None, ffi=False, tiling=None):
         asked.append(ffi)
         return _gemm_twin(padded, packed, bias, residual)
 
@@ -393,6 +393,40 @@ def test_padded_grid_tvm_ffi_setting_reaches_every_routed_conv(models, monkeypat
     assert counts[False] == counts[True] > 0
     assert asked == [False] * counts[False] + [True] * counts[True]
     assert torch.equal(results[True], results[False])
+
+
+def test_padded_grid_candidate_setting_reaches_every_routed_conv(models, monkeypatch):
+    """``padded_grid_candidate`` picks each routed conv's ``SWEEP_TILINGS`` candidate (the
+    tiny decoder's widths standing in for the real ones): -1 asks for none, so every conv runs
+    its measured tiling; 0 asks each conv for its shape's first candidate. The route is forced
+    on the CPU with the GEMM twin, which computes the same whatever the tiling."""
+    from fast_vae_decode.kernels import padded_grid_conv as pgc
+
+    asked = []
+
+    def twin(padded, packed, bias=None, residual=None, ffi=False, tiling=None):
+        asked.append(tiling)
+        return _gemm_twin(padded, packed, bias, residual)
+
+    candidates = {}
+
+    class Sweep(dict):  # every shape the route meets has a candidate of its own
+        def get(self, key, default=None):
+            return candidates.setdefault(key, (pgc.Tiling(128, 8, 16, 1, 2 + len(candidates)),))
+
+    monkeypatch.setattr(pgc, "SWEEP_TILINGS", Sweep())
+    monkeypatch.setattr(wan_ops, "padded_grid_route", _forced_padded_grid_route)
+    monkeypatch.setattr(wan_ops, "padded_grid_conv", twin)
+    monkeypatch.setattr(wan_ops.settings, "padded_grid_conv", True)
+    kind, shape = CASES[1]
+    monkeypatch.setattr(wan_ops.settings, "padded_grid_candidate", -1)
+    own, _, stats = _high_and_stock(models, kind, shape)
+    assert stats.fallbacks == {} and asked and set(asked) == {None}
+    asked.clear()
+    monkeypatch.setattr(wan_ops.settings, "padded_grid_candidate", 0)
+    swept, _, _ = _high_and_stock(models, kind, shape)
+    assert asked and None not in asked and set(asked) == {c[0] for c in candidates.values()}
+    assert torch.equal(own, swept)
 
 
 def test_padded_grid_route_needs_the_gpu_kernel_and_a_measured_shape():

@@ -155,6 +155,16 @@ def test_two_ctas_per_sm_halve_the_ring_the_measured_tilings_keep_theirs():
     assert str(two) == "128x96x32/wg2/2per-SM" and str(one) == "128x96x32/wg2"
 
 
+def test_sweep_tiling_is_a_candidate_or_none_for_the_measured_tiling():
+    """A route's ``padded_grid_candidate`` setting: -1 (the default) and an index past a
+    shape's candidates, or a shape without any, leave the measured tiling (None)."""
+    first, second = pgc.SWEEP_TILINGS[(96, 96, 3)]
+    assert pgc.sweep_tiling(96, 96, 3, -1) is None
+    assert (pgc.sweep_tiling(96, 96, 3, 0), pgc.sweep_tiling(96, 96, 3, 1)) == (first, second)
+    assert pgc.sweep_tiling(384, 384, 3, 1) is None
+    assert pgc.sweep_tiling(64, 64, 3, 0) is None
+
+
 def test_tiling_reason_names_what_does_not_fit():
     assert "divide" in pgc.tiling_reason(pgc.Tiling(128, 128, 64, 2), 96, 96)
     assert "warpgroup" in pgc.tiling_reason(pgc.Tiling(64, 96, 32, 2), 96, 96)

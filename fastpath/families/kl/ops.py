@@ -29,7 +29,7 @@ from ....kernels.group_norm_silu import out_reason as group_norm_out_reason
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, narrow_conv_unsupported, pack_narrow_conv_weight
 from ....kernels.padded_grid_conv import TILINGS as _PADDED_GRID_SHAPES
-from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, zero_border
+from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, sweep_tiling, zero_border
 from ....kernels.padded_grid_fill import padded_grid_fill
 from ....kernels.winograd_conv import winograd_conv, winograd_conv_unsupported, winograd_weight
 from ...cache import cached
@@ -175,7 +175,8 @@ def norm_silu_conv(norm: FusedGroupNormSiLU, conv: torch.nn.Conv2d, x: torch.Ten
                 zero_border(padded)
             normed = norm.norm_silu(x, input_bias=input_bias,
                                     out=interior[0].permute(1, 0, 2, 3))
-            y = padded_grid_conv(padded, packed)
+            y = padded_grid_conv(padded, packed, tiling=sweep_tiling(
+                c, conv.out_channels, 1, settings.padded_grid_candidate))
             if y is not None:
                 return y[0].permute(1, 0, 2, 3)  # (N, Cout, H, W), dense channels-last
             return resnet_conv(conv, normed)

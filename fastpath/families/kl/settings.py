@@ -55,6 +55,10 @@ class KLSettings:
     # The route's smallest conv, in pixels over the batch: 512 channels at 128² (16384) were
     # 0.85x cuDNN in that lab, larger ones faster there.
     padded_grid_min_pixels: int = 65536
+    # On that route, each conv at its ``padded_grid_conv.SWEEP_TILINGS`` candidate of this
+    # index (two CTAs per SM, s52) instead of its measured tiling; -1: the measured tilings.
+    # Not measured yet (the per-conv benchmark's sweep times them first).
+    padded_grid_candidate: int = -1
     # Scores and softmax in fp32 for half inputs (twice the score traffic, smaller logit error).
     attention_fp32_scores: bool = False
     # Chunked attention's softmax as ``softmax_rows`` (Triton, in place: one read and one write

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ....kernels.narrow_conv import NARROW_CONV as _NARROW_CONV_INPUT
 from ....kernels.narrow_conv import narrow_conv, pack_narrow_conv_weight
 from ....kernels.padded_grid_conv import TILINGS as _PADDED_GRID_SHAPES
-from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, zero_border
+from ....kernels.padded_grid_conv import empty_padded, padded_grid_conv, sweep_tiling, zero_border
 from ....kernels.padded_grid_fill import padded_grid_fill
 from ....kernels.rms_norm_silu import RMS_NORM_SILU, rms_norm_silu, rms_norm_silu_unsupported
 from ....kernels.stacked_taps import (
@@ -607,7 +607,9 @@ def padded_grid_parts(conv, padded: torch.Tensor,
     bias = None if source is None else cached(
         conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
         keep=is_stable(conv))
-    y = padded_grid_conv(padded, packed, bias, residual, ffi=settings.padded_grid_tvm_ffi)
+    cout, kt, _, _, cin = packed.shape
+    y = padded_grid_conv(padded, packed, bias, residual, ffi=settings.padded_grid_tvm_ffi,
+                         tiling=sweep_tiling(cin, cout, kt, settings.padded_grid_candidate))
     return None if y is None else [y]
 
 

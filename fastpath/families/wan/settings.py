@@ -126,6 +126,11 @@ class WanSettings:
     # interleaved against the DSL's call (4-5 rounds): 0.33 x33 -0.2%, x81 -1.0%; 0.8 x33
     # -0.8%, x81 -0.7%. A failed compile or a refused call falls back to the DSL's call.
     padded_grid_tvm_ffi: bool = True
+    # On that route, each conv at its ``padded_grid_conv.SWEEP_TILINGS`` candidate of this
+    # index (two CTAs per SM, s52) where its shape has one, instead of its measured tiling.
+    # Not measured yet: the per-conv benchmark's sweep and an interleave against -1 decide.
+    # -1: the measured tilings.
+    padded_grid_candidate: int = -1
     # The decode loop's first decoder call (the first latent frame, a single-frame latent's
     # whole decode) replayed from a CUDA graph once captured (``first_call``): one frame gives
     # the GPU less work per launch than Python needs to issue it. Off by default: on the H200
