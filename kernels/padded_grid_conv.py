@@ -155,7 +155,8 @@ TILINGS: dict[tuple[int, int, int], Tiling] = {
 # tile's ring fill and epilogue (staging, the stores, the residual's loads) leave the tensor
 # cores idle; with two CTAs per SM one CTA's epilogue runs beside the other's main loop, for
 # half the ring each. Tiles whose accumulators stay at 64 fp32 registers a thread or fewer, so
-# that two CTAs' 512 threads fit the register file.
+# that two CTAs' 512 threads fit the register file (compiled here, sm_90a: 82-119 registers a
+# thread, no local memory; docs/benchmark/s52/regs.log).
 SWEEP_TILINGS: dict[tuple[int, int, int], tuple[Tiling, ...]] = {
     (96, 96, 3): (Tiling(128, 96, 96, 2, 2), Tiling(128, 96, 32, 2, 2)),
     (192, 192, 3): (Tiling(128, 96, 64, 2, 2),),
@@ -319,8 +320,9 @@ def padded_grid_conv_unsupported(padded: torch.Tensor, packed: torch.Tensor,
         return f"weight takes {cin} channels, input has {padded.shape[1]}"
     if (cin, cout, kt) not in TILINGS:
         return f"{cin} -> {cout} channels, {kt} temporal taps: no measured tiling"
-    if tiling is not None and tiling_reason(tiling, cin, cout) is not None:
-        return tiling_reason(tiling, cin, cout)
+    reason = None if tiling is None else tiling_reason(tiling, cin, cout)
+    if reason is not None:
+        return reason
     _, _, t_in, h2, w2 = padded.shape
     if t_in < kt or h2 < 3 or w2 < 3:
         return "input smaller than the kernel"
@@ -467,7 +469,8 @@ def padded_grid_conv(padded: torch.Tensor, packed: torch.Tensor,
     block's input) rounded again: a new channels-last-3d (1, Cout, T_in - KT + 1, H, W)
     tensor, or None when unsupported (``padded_grid_conv_unsupported`` says why). ``ffi``: the
     launch goes through TVM FFI where it is installed (``tvm_ffi_reason``), else as without.
-    ``tiling``: another than the shape's ``TILINGS`` entry (the benchmark's sweep)."""
+    ``tiling``: another than the shape's ``TILINGS`` entry (the per-conv benchmark's sweep, a
+    route's ``padded_grid_candidate``)."""
     if padded_grid_conv_unsupported(padded, packed, bias, residual, tiling) is not None:
         return None
     cout, kt, _, _, cin = packed.shape
