@@ -607,9 +607,12 @@ def padded_grid_parts(conv, padded: torch.Tensor,
     bias = None if source is None else cached(
         conv, "padded_grid_bias", (source,), lambda: source.detach().float(),
         keep=is_stable(conv))
-    cout, kt, _, _, cin = packed.shape
+    tiling = None  # the measured tiling: the default asks nothing more of this per-conv path
+    if settings.padded_grid_candidate >= 0:
+        cout, kt, _, _, cin = packed.shape
+        tiling = sweep_tiling(cin, cout, kt, settings.padded_grid_candidate)
     y = padded_grid_conv(padded, packed, bias, residual, ffi=settings.padded_grid_tvm_ffi,
-                         tiling=sweep_tiling(cin, cout, kt, settings.padded_grid_candidate))
+                         tiling=tiling)
     return None if y is None else [y]
 
 
